@@ -1,0 +1,39 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   - runs the main job (a local Ray cluster, 4 workers with emulated speeds)
+#   make test   - runs the whole test suite
+# Both create (or reuse) the virtual environment in $(VENV).
+PYTHON ?= python3
+VENV ?= .venv
+# CPU build by default (it lies on local disk here). On a GPU cluster: make TORCH_SPEC=torch venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.pdml-installed
+
+.PHONY: venv demo test unit bench-quick clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/pdml-ray demo
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+unit: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+bench-quick: venv
+	mkdir -p results
+	$(VENV)/bin/pdml-ray bench hetero --quick --json results/hetero.json
+	$(VENV)/bin/pdml-ray bench sampling --quick --json results/sampling.json
+	$(VENV)/bin/pdml-ray bench pipeline --quick --json results/pipeline.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info results

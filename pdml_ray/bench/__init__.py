@@ -1,0 +1,11 @@
+"""Benchmarks behind ``pdml-ray bench NAME``: one module per benchmark, looked up by name.
+
+Each module defines ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args) -> dict`` (the JSON
+result). Common flags (--quick, --json, --seed, --device) are added by the CLI for every benchmark.
+"""
+
+BENCHMARKS: dict[str, str] = {
+    "hetero": "pdml_ray.bench.hetero",
+    "sampling": "pdml_ray.bench.sampling",
+    "pipeline": "pdml_ray.bench.pipeline",
+}

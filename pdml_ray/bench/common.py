@@ -1,0 +1,104 @@
+"""What every benchmark shares: common flags, machine facts, JSON output and a printed table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="smoke-sized run (a minute or two on 2 cores)")
+    parser.add_argument("--json", metavar="FILE", help="write the result as JSON to FILE")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to train on (default cpu)")
+
+
+def git_rev() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine_info(device: str = "cpu") -> dict[str, Any]:
+    """Cores, memory and device of the machine the benchmark ran on."""
+    info: dict[str, Any] = {"cores": os.cpu_count(), "platform": platform.platform(),
+                            "python": platform.python_version(), "device": device}
+    try:
+        info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if device == "cuda" and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+    except ImportError:
+        pass
+    return info
+
+
+def check_device(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA GPU is visible here; use --device cpu")
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def finish(args: argparse.Namespace, result: dict[str, Any], emulated: dict[str, Any]) -> dict[str, Any]:
+    """Add the standard fields (command, git_rev, machine, emulated) and write --json if asked."""
+    full = {"command": "pdml-ray " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "",
+            "git_rev": git_rev(), "machine": machine_info(args.device), "emulated": emulated, **result}
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(full, indent=2, default=_jsonable))
+        tmp.replace(path)  # never leave a half-written result behind
+        print(f"wrote {path}")
+    return full
+
+
+def _jsonable(x: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, np.ndarray):
+            return x.tolist()
+    except ImportError:
+        pass
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
+    """A plain fixed-width table; floats are shown with 4 significant digits."""
+    def fmt(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    cells = [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    if title:
+        print(f"\n{title}")
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))

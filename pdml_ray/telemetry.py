@@ -1,0 +1,149 @@
+"""Frozen records that cross process boundaries: what workers report, what the scheduler decides.
+
+Decisions are data: they print, validate, serialise (``to_dict``/``from_dict``) and can be logged
+for replay. Runtimes carry them out; nothing here knows about Ray.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pdml_ray.errors import PlanError
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """One worker's telemetry for one training step.
+
+    ``compute_s`` is forward + backward + optimizer time excluding any wait on collectives
+    (``wait_s``); throughput is ``samples / compute_s``. With emulated speeds, the emulated sleep is
+    part of ``compute_s`` (it stands for slower compute).
+    """
+
+    worker_id: int
+    step: int
+    samples: int
+    compute_s: float
+    wait_s: float = 0.0
+    loss: float = float("nan")
+    grad_norm: float = float("nan")
+    accelerator_type: str = "CPU"
+    # Per-sample feedback for sample priorities: int64 indices (B,) and float32 losses (B,).
+    sample_indices: np.ndarray | None = field(default=None, compare=False)
+    sample_losses: np.ndarray | None = field(default=None, compare=False)
+
+    def problem(self, num_workers: int) -> str | None:
+        """Why this report must not move any priority, or None if it is sound."""
+        if not (0 <= self.worker_id < num_workers):
+            return f"unknown worker {self.worker_id} (have {num_workers})"
+        if self.samples <= 0:
+            return f"worker {self.worker_id} step {self.step}: samples={self.samples} must be > 0"
+        if not (isinstance(self.compute_s, (int, float)) and math.isfinite(self.compute_s) and self.compute_s > 0):
+            return f"worker {self.worker_id} step {self.step}: compute_s={self.compute_s} must be finite and > 0"
+        if not (math.isfinite(self.wait_s) and self.wait_s >= 0):
+            return f"worker {self.worker_id} step {self.step}: wait_s={self.wait_s} must be finite and >= 0"
+        if (self.sample_indices is None) != (self.sample_losses is None):
+            return f"worker {self.worker_id} step {self.step}: sample_indices and sample_losses come together"
+        if self.sample_indices is not None and len(self.sample_indices) != len(self.sample_losses):
+            return f"worker {self.worker_id} step {self.step}: {len(self.sample_indices)} indices vs {len(self.sample_losses)} losses"
+        return None
+
+    @property
+    def throughput(self) -> float:
+        """Compute throughput in samples/s (collective waits excluded)."""
+        return self.samples / self.compute_s
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDecision:
+    """Per-worker batch sizes and gradient weights, effective from ``effective_step`` on.
+
+    ``grad_weights[i] = batch_sizes[i] / sum(batch_sizes)``: a SUM all-reduce of ``w_i * g_i``, with
+    ``g_i`` the mean gradient over worker i's batch, equals the mean gradient over the global batch.
+    """
+
+    version: int
+    effective_step: int
+    batch_sizes: tuple[int, ...]
+    grad_weights: tuple[float, ...]
+    shares: tuple[float, ...]
+    """The un-rounded throughput shares the batch sizes were derived from (sum to 1)."""
+    reason: str = ""
+
+    @classmethod
+    def uniform(cls, global_batch_size: int, num_workers: int, reason: str = "uniform") -> "NodeDecision":
+        from pdml_ray.priority.node import round_to_batch_sizes  # local: node.py imports this module
+
+        shares = np.full(num_workers, 1.0 / num_workers)
+        sizes = round_to_batch_sizes(shares, global_batch_size, 0, None)
+        return cls.from_sizes(0, 0, sizes, shares, reason)
+
+    @classmethod
+    def from_sizes(cls, version: int, effective_step: int, batch_sizes, shares, reason: str = "") -> "NodeDecision":
+        sizes = tuple(int(b) for b in batch_sizes)
+        total = sum(sizes)
+        return cls(version=version, effective_step=effective_step, batch_sizes=sizes,
+                   grad_weights=tuple(b / total for b in sizes), shares=tuple(float(s) for s in shares),
+                   reason=reason)
+
+    @property
+    def global_batch_size(self) -> int:
+        return sum(self.batch_sizes)
+
+    def validate(self, global_batch_size: int | None = None) -> None:
+        """Raise PlanError unless sizes are non-negative, sum right, and weights match them."""
+        n = len(self.batch_sizes)
+        if n == 0 or len(self.grad_weights) != n or len(self.shares) != n:
+            raise PlanError(f"decision v{self.version}: {n} sizes, {len(self.grad_weights)} weights, {len(self.shares)} shares")
+        if min(self.batch_sizes) < 0:
+            raise PlanError(f"decision v{self.version}: negative batch size in {self.batch_sizes}")
+        total = sum(self.batch_sizes)
+        if total <= 0 or (global_batch_size is not None and total != global_batch_size):
+            raise PlanError(f"decision v{self.version}: batch sizes {self.batch_sizes} sum to {total}, "
+                            f"expected {global_batch_size}")
+        for b, w in zip(self.batch_sizes, self.grad_weights):
+            if abs(w - b / total) > 1e-9:
+                raise PlanError(f"decision v{self.version}: weight {w} != batch share {b}/{total}")
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "effective_step": self.effective_step, "batch_sizes": list(self.batch_sizes),
+                "grad_weights": list(self.grad_weights), "shares": list(self.shares), "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NodeDecision":
+        return cls(version=d["version"], effective_step=d["effective_step"], batch_sizes=tuple(d["batch_sizes"]),
+                   grad_weights=tuple(d["grad_weights"]), shares=tuple(d["shares"]), reason=d.get("reason", ""))
+
+    def __str__(self) -> str:
+        sizes = " ".join(str(b) for b in self.batch_sizes)
+        return f"NodeDecision v{self.version} @step {self.effective_step}: batch [{sizes}] ({self.reason})"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplePlan:
+    """The samples each worker trains on in one step, with their importance weights.
+
+    ``indices[i]`` (int64, shape (b_i,)) and ``weights[i]`` (float32, shape (b_i,)) belong to worker i;
+    the loss of worker i is ``mean(weights[i] * per_sample_loss)``. Weights are normalised so that
+    their maximum over the whole step is 1 (prioritised-replay convention).
+    """
+
+    step: int
+    indices: tuple[np.ndarray, ...]
+    weights: tuple[np.ndarray, ...]
+
+    def validate(self, batch_sizes: tuple[int, ...] | None = None, num_samples: int | None = None) -> None:
+        if len(self.indices) != len(self.weights):
+            raise PlanError(f"sample plan step {self.step}: {len(self.indices)} index arrays vs {len(self.weights)} weight arrays")
+        for i, (idx, w) in enumerate(zip(self.indices, self.weights)):
+            if idx.shape != w.shape:
+                raise PlanError(f"sample plan step {self.step}: worker {i} has {idx.shape} indices vs {w.shape} weights")
+            if batch_sizes is not None and len(idx) != batch_sizes[i]:
+                raise PlanError(f"sample plan step {self.step}: worker {i} got {len(idx)} samples, decision says {batch_sizes[i]}")
+            if num_samples is not None and len(idx) and (idx.min() < 0 or idx.max() >= num_samples):
+                raise PlanError(f"sample plan step {self.step}: worker {i} index out of [0, {num_samples})")
+            if len(w) and not (np.all(np.isfinite(w)) and w.min() >= 0):
+                raise PlanError(f"sample plan step {self.step}: worker {i} has negative or non-finite weights")
