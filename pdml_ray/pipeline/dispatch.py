@@ -1,0 +1,122 @@
+"""The one dispatch rule shared by the simulator and the Ray-actor pipeline runtime.
+
+An idle replica asks ``next_action``; the caller ``start``s what it got and ``complete``s it when it
+finishes. The rule: an action may start when its dependencies are complete (and, across stages, have
+arrived: ``transfer_s`` after completion) and, for a forward, when the replica holds fewer than
+``plan.memory_limit`` activations. Without ``plan.reorder`` only the replica's next action in order is
+eligible; with it, the first eligible action in priority order (so a blocked head never idles the
+replica, and a full memory makes it run a backward instead of exceeding the limit).
+
+Deadlock freedom with reorder: a backward is never blocked by memory and the last stage can always
+run B after F, so in-flight activations drain stage by stage from the end; any state with work left
+has an eligible action somewhere (induction from the last stage). Without reorder, ``validate``
+checks the in-order run.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pdml_ray.errors import PlanError
+from pdml_ray.pipeline.plan import Action, Kind, Plan, dependencies
+
+
+class Dispatcher:
+    """Tracks one global step of a plan: what started, what completed, activations in flight."""
+
+    def __init__(self, plan: Plan, *, transfer_s: float = 0.0) -> None:
+        self.plan = plan
+        self.transfer_s = float(transfer_s)
+        """Seconds between a producer completing and its output being usable on another stage."""
+        # (stage, replica) -> actions not yet started, in priority order.
+        self._pending: dict[tuple[int, int], list[Action]] = {key: list(acts) for key, acts in plan.orders.items()}
+        self._done_at: dict[tuple[int, Kind, int], float] = {}
+        self._in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
+        self.peak_in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
+        self._limit = plan.memory_limit if plan.memory_limit is not None else math.inf
+        self._total = plan.num_actions
+        self._completed = 0
+
+    def _ready(self, action: Action, now: float) -> bool:
+        for dep in dependencies(action, self.plan.num_stages):
+            t = self._done_at.get(dep)
+            if t is None:
+                return False
+            if dep[0] != action.stage and t + self.transfer_s > now:
+                return False
+        return True
+
+    def _eligible(self, action: Action, now: float) -> bool:
+        if action.kind is Kind.FORWARD and self._in_flight[(action.stage, action.replica)] >= self._limit:
+            return False
+        return self._ready(action, now)
+
+    def next_action(self, stage: int, replica: int, now: float = math.inf) -> Action | None:
+        """What the idle replica should start at time ``now`` (seconds; default: ignore transfer time)."""
+        pending = self._pending[(stage, replica)]
+        if not pending:
+            return None
+        if not self.plan.reorder:
+            return pending[0] if self._eligible(pending[0], now) else None
+        for action in pending:
+            if self._eligible(action, now):
+                return action
+        return None
+
+    def start(self, action: Action) -> None:
+        key = (action.stage, action.replica)
+        pending = self._pending[key]
+        try:
+            pending.remove(action)
+        except ValueError:
+            raise PlanError(f"{action} is not pending on stage {action.stage} replica {action.replica} "
+                            "(started twice, or not in the plan)") from None
+        if action.kind is Kind.FORWARD:
+            self._in_flight[key] += 1
+            if self._in_flight[key] > self.peak_in_flight[key]:
+                self.peak_in_flight[key] = self._in_flight[key]
+
+    def complete(self, action: Action, at: float = 0.0) -> None:
+        """Record that ``action`` finished at time ``at`` (seconds); a backward frees its activation."""
+        key = (action.stage, action.kind, action.microbatch)
+        if key in self._done_at:
+            raise PlanError(f"{action} completed twice")
+        self._done_at[key] = float(at)
+        if action.kind is Kind.BACKWARD:
+            self._in_flight[(action.stage, action.replica)] -= 1
+        self._completed += 1
+
+    def dependants(self, action: Action) -> list[Action]:
+        """The action(s) waiting on ``action``'s output: whose replicas to wake when it completes."""
+        plan, k, m = self.plan, action.stage, action.microbatch
+        if action.kind is Kind.FORWARD:
+            if k == plan.num_stages - 1:
+                return [Action(k, action.replica, Kind.BACKWARD, m)]
+            return [Action(k + 1, plan.replica_of(k + 1, m), Kind.FORWARD, m)]
+        if k == 0:
+            return []
+        return [Action(k - 1, plan.replica_of(k - 1, m), Kind.BACKWARD, m)]
+
+    def in_flight(self, stage: int, replica: int) -> int:
+        return self._in_flight[(stage, replica)]
+
+    def pending(self, stage: int, replica: int) -> int:
+        return len(self._pending[(stage, replica)])
+
+    def done(self) -> bool:
+        return self._completed == self._total
+
+
+def run_in_order_check(plan: Plan) -> None:
+    """Drive a Dispatcher with zero-time actions until done; PlanError if it stalls (a test helper)."""
+    d = Dispatcher(plan)
+    while not d.done():
+        progressed = False
+        for stage, replica in plan.orders:
+            a = d.next_action(stage, replica)
+            if a is not None:
+                d.start(a)
+                d.complete(a)
+                progressed = True
+        if not progressed:
+            raise PlanError("dispatcher stalled with work left")

@@ -1,0 +1,242 @@
+"""Pipeline plans as data: actions, per-replica orders, validation and a printable grid.
+
+A pipeline has ``num_stages`` stages; stage k has ``replicas[k]`` identical copies (replicas). One
+global step runs every micro-batch forward through all stages and backward again, sums the gradients
+over micro-batches and over the replicas of a stage, and takes one optimizer step.
+
+Placement rule: the forward of micro-batch m at stage k runs on exactly one replica of stage k and its
+backward on the same replica (the activations live there); the forward at stage k+1 may go to any
+replica of stage k+1. A ``Plan`` fixes that placement and, per replica, the priority order of its
+actions. ``validate`` checks a plan on the CPU before anything runs (shape of
+``torch.distributed.pipelining``'s ``_validate_pipeline_order``); ``format`` prints the grid.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from functools import cached_property
+from typing import Any, Protocol, Sequence
+
+from pdml_ray.errors import PlanError
+
+
+class Kind(str, Enum):
+    FORWARD = "F"
+    BACKWARD = "B"
+
+
+_ACTION_RE = re.compile(r"^s(\d+)r(\d+)([FB])(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One unit of work: the forward or backward of ``microbatch`` on ``replica`` of ``stage``."""
+
+    stage: int
+    replica: int
+    kind: Kind
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"s{self.stage}r{self.replica}{self.kind.value}{self.microbatch}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Action":
+        """Inverse of ``str``: ``Action.parse("s0r1F3") == Action(0, 1, Kind.FORWARD, 3)``."""
+        match = _ACTION_RE.match(text.strip())
+        if match is None:
+            raise PlanError(f"invalid action string {text!r}; expected s<stage>r<replica><F|B><microbatch>, e.g. s0r1F3")
+        stage, replica, kind, microbatch = match.groups()
+        return cls(int(stage), int(replica), Kind(kind), int(microbatch))
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """Measured wall time of one action (seconds), as reported by the simulator or the runtime."""
+
+    stage: int
+    replica: int
+    kind: Kind
+    microbatch: int
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Placement and per-replica priority order of every action of one global step."""
+
+    num_stages: int
+    replicas: tuple[int, ...]
+    """Replicas per stage, length num_stages."""
+    num_microbatches: int
+    orders: dict[tuple[int, int], tuple[Action, ...]]
+    """(stage, replica) -> that replica's actions in priority order."""
+    reorder: bool = False
+    """True: an idle replica may run a later ready action before an earlier blocked one (osprey).
+    False: each replica runs its actions strictly in order (static schedules)."""
+    memory_limit: int | None = None
+    """Most forward activations in flight per replica (F started, B not finished); None = unbounded."""
+    schedule: str = ""
+    """Name of the scheduler that produced the plan (informational)."""
+
+    @cached_property
+    def placement(self) -> dict[tuple[int, int], int]:
+        """(stage, microbatch) -> replica holding that micro-batch's activations at that stage."""
+        return {(a.stage, a.microbatch): a.replica
+                for actions in self.orders.values() for a in actions if a.kind is Kind.FORWARD}
+
+    def replica_of(self, stage: int, microbatch: int) -> int:
+        return self.placement[(stage, microbatch)]
+
+    @property
+    def num_actions(self) -> int:
+        return sum(len(v) for v in self.orders.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form; ``Plan.from_dict(p.to_dict()) == p``."""
+        return {"num_stages": self.num_stages, "replicas": list(self.replicas),
+                "num_microbatches": self.num_microbatches, "reorder": self.reorder,
+                "memory_limit": self.memory_limit, "schedule": self.schedule,
+                "orders": {f"{k},{r}": [str(a) for a in acts] for (k, r), acts in sorted(self.orders.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        orders = {}
+        for key, acts in data["orders"].items():
+            k, r = (int(x) for x in key.split(","))
+            orders[(k, r)] = tuple(Action.parse(a) for a in acts)
+        return cls(num_stages=int(data["num_stages"]), replicas=tuple(int(x) for x in data["replicas"]),
+                   num_microbatches=int(data["num_microbatches"]), orders=orders, reorder=bool(data["reorder"]),
+                   memory_limit=data["memory_limit"], schedule=data.get("schedule", ""))
+
+
+class PipelineScheduler(Protocol):
+    """What static schedules and osprey share: a plan per step, measurements back after it."""
+
+    name: str
+
+    def plan(self, step: int) -> Plan: ...
+
+    def observe(self, measurements: Sequence[Measurement]) -> None: ...
+
+
+def dependencies(action: Action, num_stages: int) -> tuple[tuple[int, Kind, int], ...]:
+    """(stage, kind, microbatch) keys that must complete before ``action`` may start.
+
+    F(k, m) needs F(k-1, m); B(k, m) needs B(k+1, m), or F(k, m) at the last stage (the loss).
+    Replicas are not part of the key: the producer's replica is whichever ran it.
+    """
+    k, m = action.stage, action.microbatch
+    if action.kind is Kind.FORWARD:
+        return ((k - 1, Kind.FORWARD, m),) if k > 0 else ()
+    if k == num_stages - 1:
+        return ((k, Kind.FORWARD, m),)
+    return ((k + 1, Kind.BACKWARD, m),)
+
+
+def _check_shape(plan: Plan) -> None:
+    if plan.num_stages < 1 or len(plan.replicas) != plan.num_stages:
+        raise PlanError(f"plan has num_stages={plan.num_stages} but replicas={plan.replicas}; "
+                        "give one replica count per stage")
+    if any(r < 1 for r in plan.replicas):
+        raise PlanError(f"every stage needs at least one replica, got replicas={plan.replicas}")
+    if plan.num_microbatches < 1:
+        raise PlanError(f"num_microbatches must be >= 1, got {plan.num_microbatches}")
+    if plan.memory_limit is not None and plan.memory_limit < 1:
+        raise PlanError(f"memory_limit must be >= 1 activation or None, got {plan.memory_limit}")
+    expected = {(k, r) for k in range(plan.num_stages) for r in range(plan.replicas[k])}
+    if set(plan.orders) != expected:
+        missing, extra = sorted(expected - set(plan.orders)), sorted(set(plan.orders) - expected)
+        raise PlanError(f"plan orders must have one entry per (stage, replica): missing {missing}, unexpected {extra}")
+
+
+def _check_coverage(plan: Plan) -> None:
+    """Every micro-batch F and B exactly once per stage; B on the replica that ran its F."""
+    seen: dict[tuple[int, Kind, int], int] = {}
+    for (k, r), actions in plan.orders.items():
+        for a in actions:
+            if (a.stage, a.replica) != (k, r):
+                raise PlanError(f"action {a} is listed in the order of stage {k} replica {r}")
+            if not 0 <= a.microbatch < plan.num_microbatches:
+                raise PlanError(f"action {a}: micro-batch {a.microbatch} out of range 0..{plan.num_microbatches - 1}")
+            key = (a.stage, a.kind, a.microbatch)
+            if key in seen:
+                raise PlanError(f"duplicate action: {a.kind.value}{a.microbatch} of stage {k} runs twice "
+                                f"(replicas {seen[key]} and {r})")
+            seen[key] = r
+    for k in range(plan.num_stages):
+        for m in range(plan.num_microbatches):
+            for kind in Kind:
+                if (k, kind, m) not in seen:
+                    raise PlanError(f"missing action: {kind.value}{m} of stage {k} is in no replica's order")
+            if seen[(k, Kind.FORWARD, m)] != seen[(k, Kind.BACKWARD, m)]:
+                raise PlanError(f"B{m} of stage {k} is on replica {seen[(k, Kind.BACKWARD, m)]} but its F ran on "
+                                f"replica {seen[(k, Kind.FORWARD, m)]}; a backward must run where its activations are")
+
+
+def _check_memory(plan: Plan) -> None:
+    if plan.memory_limit is None:
+        return
+    for (k, r), actions in sorted(plan.orders.items()):
+        in_flight = 0
+        for i, a in enumerate(actions):
+            in_flight += 1 if a.kind is Kind.FORWARD else -1
+            if in_flight > plan.memory_limit:
+                raise PlanError(f"memory limit exceeded: stage {k} replica {r} holds {in_flight} activations at "
+                                f"position {i} ({a}) but memory_limit={plan.memory_limit}")
+
+
+def unit_time_grid(plan: Plan) -> list[dict[tuple[int, int], Action]]:
+    """Run the plan strictly in order with unit-time actions; one dict (replica -> action) per time step.
+
+    Every replica whose next action has its dependencies done at the start of a step runs it in that
+    step. Raises PlanError naming the stuck replicas if the in-order run cannot finish (deadlock).
+    In-order execution is confluent, so a plan that finishes here finishes under any timing.
+    """
+    done: set[tuple[int, Kind, int]] = set()
+    pos = {key: 0 for key in plan.orders}
+    remaining = plan.num_actions
+    grid: list[dict[tuple[int, int], Action]] = []
+    while remaining:
+        row = {}
+        for key, actions in plan.orders.items():
+            if pos[key] < len(actions):
+                a = actions[pos[key]]
+                if all(d in done for d in dependencies(a, plan.num_stages)):
+                    row[key] = a
+        if not row:
+            stuck = ", ".join(f"stage {k} replica {r} waits at {plan.orders[(k, r)][pos[(k, r)]]}"
+                              for k, r in sorted(plan.orders) if pos[(k, r)] < len(plan.orders[(k, r)]))
+            raise PlanError(f"deadlock: the in-order run stops after {len(grid)} steps; {stuck}")
+        for key, a in row.items():
+            done.add((a.stage, a.kind, a.microbatch))
+            pos[key] += 1
+        remaining -= len(row)
+        grid.append(row)
+    return grid
+
+
+def validate(plan: Plan) -> None:
+    """Raise PlanError naming the first defect: shape, coverage, placement, memory, or deadlock."""
+    _check_shape(plan)
+    _check_coverage(plan)
+    _check_memory(plan)
+    unit_time_grid(plan)
+
+
+def format(plan: Plan) -> str:  # noqa: A001 - mirrors torch's _format_pipeline_order
+    """Time-step (row) x replica (column) grid of the in-order run with unit-time actions."""
+    grid = unit_time_grid(plan)
+    cols = sorted(plan.orders)
+    labels = [f"s{k}r{r}" for k, r in cols]
+    width = max([len(lbl) for lbl in labels] + [len(str(a)) for row in grid for a in row.values()])
+    step_w = len(str(len(grid) - 1))
+    lines = [" " * (step_w + 7) + " ".join(lbl.ljust(width) for lbl in labels)]
+    for t, row in enumerate(grid):
+        cells = [str(row[c]) if c in row else "." for c in cols]
+        lines.append(f"step {t:>{step_w}}: " + " ".join(c.ljust(width) for c in cells).rstrip())
+    title = f"{plan.schedule or 'plan'}: {plan.num_stages} stages x replicas {list(plan.replicas)}, " \
+            f"{plan.num_microbatches} micro-batches, reorder={plan.reorder}, memory_limit={plan.memory_limit}"
+    return title + "\n" + "\n".join(lines) + "\n"
