@@ -1,0 +1,192 @@
+"""One replica of one pipeline stage: forward, real autograd backward, gradient accumulation, step.
+
+A plain class (no Ray): ``actors/stage.py`` wraps it in ``ray.remote``; unit tests drive it
+directly. Per micro-batch it keeps the input it received (as a leaf that requires grad, so that
+backward yields the gradient to send upstream) and the output it produced, until that micro-batch's
+backward. Parameter gradients accumulate across micro-batches in ``param.grad`` until
+``sum_grads_and_step`` replaces them with the sum over the stage's replicas and takes one optimizer
+step, so every replica of a stage applies the identical update and the replicas stay identical.
+
+Every call returns its result together with a ``CallTiming``: measured compute seconds, plus the
+seconds slept to EMULATE a slower device (``pdml_ray.emulation``, speed factor ``speed``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from pdml_ray.emulation import emulate_speed
+from pdml_ray.errors import PlanError
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True, slots=True)
+class CallTiming:
+    """How long one forward or backward call took on the worker (not counting queueing or transfer)."""
+
+    compute_s: float
+    """Measured wall time of the real computation, seconds."""
+    emulated_s: float
+    """Extra seconds slept to emulate a speed factor below 1 (0.0 at full speed)."""
+    loss: float | None = None
+    """The micro-batch's scaled loss (last stage forward only): the losses of a step sum to the batch mean."""
+
+    @property
+    def latency_s(self) -> float:
+        """What a scheduler sees: compute plus emulated slowdown, seconds."""
+        return self.compute_s + self.emulated_s
+
+
+class StageWorker:
+    """Holds one stage's module copy, its optimizer and the per-micro-batch state for backward."""
+
+    def __init__(self, stage: int, replica: int, num_stages: int, module: nn.Module, *,
+                 loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, lr: float = 0.1,
+                 optimizer: OptimizerFactory | None = None, speed: float = 1.0,
+                 num_threads: int | None = None) -> None:
+        if not 0 <= stage < num_stages:
+            raise PlanError(f"stage {stage} out of range for {num_stages} stages")
+        if stage == num_stages - 1 and loss_fn is None:
+            raise PlanError("the last stage computes the loss: pass loss_fn (e.g. nn.MSELoss())")
+        if num_threads is not None:
+            # Several stage actors share a few cores; one intra-op thread each avoids oversubscription.
+            torch.set_num_threads(num_threads)
+        self.stage, self.replica, self.num_stages = stage, replica, num_stages
+        self.module = module
+        self.loss_fn = loss_fn
+        self._optimizer_factory = optimizer or (lambda params: torch.optim.SGD(params, lr=lr))
+        self.optimizer = self._optimizer_factory(self.module.parameters())
+        self.speed = 1.0
+        self.set_speed(speed)
+        # microbatch -> (input leaf or None on stage 0, output or scaled loss on the last stage)
+        self._saved: dict[int, tuple[Tensor | None, Tensor]] = {}
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    def describe(self) -> dict[str, float | int]:
+        """Identity and size; also a cheap call to wait for the actor to be up."""
+        return {"stage": self.stage, "replica": self.replica, "speed": self.speed,
+                "params": sum(p.numel() for p in self.module.parameters())}
+
+    def set_speed(self, speed: float) -> None:
+        """Emulated speed factor in (0, 1]; 1.0 disables emulation."""
+        if not 0.0 < speed <= 1.0:
+            raise ValueError(f"emulated speed must be in (0, 1] (1.0 = full speed), got {speed!r}")
+        self.speed = float(speed)
+
+    # -- one micro-batch --------------------------------------------------------------------------
+
+    def forward(self, microbatch: int, x: Tensor, target: Tensor | None = None,
+                loss_scale: float = 1.0) -> tuple[Tensor | None, CallTiming]:
+        """Run the stage on ``x`` (b, ...) and keep what backward needs.
+
+        Returns the activations (b, ...) for the next stage, detached; the last stage instead computes
+        ``loss_fn(out, target) * loss_scale`` and returns None (the loss value is in the timing).
+        ``loss_scale`` is micro-batch size / global batch, so with a mean-reduced loss the
+        accumulated gradient is the mean over the global batch.
+        """
+        if microbatch in self._saved:
+            raise PlanError(f"stage {self.stage} replica {self.replica}: forward of micro-batch {microbatch} "
+                            "ran twice without its backward")
+        start = time.perf_counter()
+        x_in: Tensor | None = None
+        if self.stage > 0:
+            # A leaf that requires grad: backward fills x_in.grad, the gradient sent to stage - 1.
+            x_in = x.detach().requires_grad_(True)
+            x = x_in
+        out = self.module(x)
+        result: Tensor | None
+        loss: float | None = None
+        if self.is_last:
+            if target is None:
+                raise PlanError(f"last stage forward of micro-batch {microbatch} needs its targets")
+            scaled = self.loss_fn(out, target) * loss_scale
+            self._saved[microbatch] = (x_in, scaled)
+            result, loss = None, float(scaled.detach())
+        else:
+            self._saved[microbatch] = (x_in, out)
+            result = out.detach()
+        compute_s = time.perf_counter() - start
+        return result, CallTiming(compute_s, emulate_speed(compute_s, self.speed), loss)
+
+    def backward(self, microbatch: int, grad_output: Tensor | None = None) -> tuple[Tensor | None, CallTiming]:
+        """Backpropagate micro-batch ``microbatch``; parameter gradients accumulate.
+
+        ``grad_output`` (b, ...) is d loss / d output from the next stage (None on the last stage,
+        which starts from its loss). Returns d loss / d input for the previous stage (None on stage 0).
+        """
+        if microbatch not in self._saved:
+            raise PlanError(f"stage {self.stage} replica {self.replica}: backward of micro-batch {microbatch} "
+                            "without its forward on this replica (a backward must run where its forward ran)")
+        start = time.perf_counter()
+        x_in, out = self._saved.pop(microbatch)
+        if self.is_last:
+            out.backward()
+        else:
+            if grad_output is None:
+                raise PlanError(f"stage {self.stage} backward of micro-batch {microbatch} needs grad_output")
+            out.backward(grad_output)
+        grad_input = x_in.grad if x_in is not None else None
+        compute_s = time.perf_counter() - start
+        return grad_input, CallTiming(compute_s, emulate_speed(compute_s, self.speed))
+
+    # -- one global step --------------------------------------------------------------------------
+
+    def grads(self) -> list[Tensor]:
+        """This replica's accumulated parameter gradients (zeros for a replica that ran nothing)."""
+        return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                for p in self.module.parameters()]
+
+    def apply_grads(self, summed: Sequence[Tensor]) -> None:
+        """Replace the accumulated gradients by ``summed`` (one tensor per parameter, same order)."""
+        params = list(self.module.parameters())
+        if len(summed) != len(params):
+            raise ValueError(f"apply_grads got {len(summed)} tensors for {len(params)} parameters")
+        for p, g in zip(params, summed):
+            p.grad = g.detach().clone().to(dtype=p.dtype, device=p.device)
+
+    def step(self) -> None:
+        """One optimizer step on the current gradients, then zero them."""
+        if self._saved:
+            raise PlanError(f"stage {self.stage} replica {self.replica}: optimizer step with micro-batches "
+                            f"{sorted(self._saved)} still waiting for their backward")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def sum_grads_and_step(self, *replica_grads: Sequence[Tensor]) -> float:
+        """Sum the gradients of all replicas of this stage (in the order given), apply, step.
+
+        Every replica receives the same lists in the same order, so each computes the bitwise-same
+        sum and the replicas stay identical. Returns the seconds it took.
+        """
+        start = time.perf_counter()
+        summed = [torch.stack(list(gs)).sum(dim=0) for gs in zip(*replica_grads)]
+        self.apply_grads(summed)
+        self.step()
+        return time.perf_counter() - start
+
+    # -- parameters -------------------------------------------------------------------------------
+
+    def get_parameters(self) -> list[Tensor]:
+        """Copies of this stage's parameters, in ``module.parameters()`` order."""
+        return [p.detach().clone() for p in self.module.parameters()]
+
+    def set_parameters(self, values: Sequence[Tensor]) -> None:
+        """Overwrite the parameters and restart the optimizer (its state belonged to the old ones)."""
+        params = list(self.module.parameters())
+        if len(values) != len(params):
+            raise ValueError(f"set_parameters got {len(values)} tensors for {len(params)} parameters")
+        with torch.no_grad():
+            for p, v in zip(params, values):
+                p.copy_(v)
+        self._saved.clear()
+        self.optimizer = self._optimizer_factory(self.module.parameters())
+        self.optimizer.zero_grad(set_to_none=True)
