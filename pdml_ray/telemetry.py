@@ -28,6 +28,10 @@ class WorkerReport:
     samples: int
     compute_s: float
     wait_s: float = 0.0
+    step_s: float = float("nan")
+    """Wall time of the whole step at this worker (compute, waits, scheduler overhead)."""
+    overhead_s: float = 0.0
+    """Time this worker spent on pdml-ray bookkeeping in the step (reports, decision checks)."""
     loss: float = float("nan")
     grad_norm: float = float("nan")
     accelerator_type: str = "CPU"

@@ -1,0 +1,275 @@
+"""The in-loop context: what a Ray Train worker's loop calls to train with pdml-ray priorities.
+
+    ctx = pdml_ray.train.get_context()
+    model = ctx.prepare_model(model)
+    for epoch in range(epochs):
+        for batch in ctx.epoch(epoch, num_samples):        # this worker's indices for the step
+            x, y = X[batch.indices], Y[batch.indices]
+            with ctx.step(batch) as step:                   # timed; reports telemetry on exit
+                per_sample = loss_fn(model(x), y)           # reduction="none", shape (b_i,)
+                step.loss(per_sample).backward()            # importance-weighted mean
+            optimizer.step(); optimizer.zero_grad()         # gradients are already combined
+
+On leaving ``ctx.step`` the worker's gradient is multiplied by its weight b_i / B and SUM
+all-reduced, so every rank holds the mean gradient over the global batch. Decisions switch at step
+boundaries (every ``decision_interval`` steps): rank 0 polls the scheduler without blocking and
+broadcasts what it has, so all ranks adopt a new decision at the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pdml_ray.config import PDMLConfig
+from pdml_ray.emulation import emulate_speed
+from pdml_ray.priority.node import step_slices
+from pdml_ray.scheduler import StepBundle
+from pdml_ray.telemetry import NodeDecision, SamplePlan, WorkerReport
+from pdml_ray.train.client import SchedulerClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """One worker's share of one global step."""
+
+    step: int
+    epoch: int
+    indices: np.ndarray  # int64 (b_i,): positions in the data set
+    grad_weight: float  # b_i / (samples in this global step)
+    decision_version: int
+    sample_weights: np.ndarray | None = None  # float32 (b_i,) importance weights; None = uniform
+
+
+class StepScope:
+    """Times one step's compute, applies importance weights, combines gradients on exit."""
+
+    def __init__(self, ctx: "PDMLContext", batch: StepBatch):
+        self.ctx = ctx
+        self.batch = batch
+        self._per_sample: torch.Tensor | None = None
+
+    def loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
+        """Weighted mean of per-sample losses (shape (b_i,)); a zero-size batch gives a zero loss."""
+        self._per_sample = per_sample_loss.detach()
+        w = self.batch.sample_weights
+        if w is not None:
+            per_sample_loss = per_sample_loss * torch.as_tensor(w, device=per_sample_loss.device)
+        return per_sample_loss.sum() / max(len(self.batch.indices), 1)
+
+    def __enter__(self) -> "StepScope":
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            return
+        ctx = self.ctx
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)  # kernels are async: time them, not their launch
+        compute_s = time.perf_counter() - self._t0
+        compute_s += emulate_speed(compute_s, ctx.speed)  # emulated slowdown counts as compute
+        t1 = time.perf_counter()
+        ctx._combine_gradients(self.batch.grad_weight)
+        wait_s = time.perf_counter() - t1
+        ctx._finish_step(self.batch, compute_s, wait_s, self._per_sample)
+
+
+class PDMLContext:
+    """Per-worker state: current decision, gradient combination, telemetry, decision switching."""
+
+    def __init__(self, config: PDMLConfig, rank: int, world_size: int, device: torch.device,
+                 accelerator_type: str, client: SchedulerClient | None):
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.accelerator_type = accelerator_type
+        speeds = config.node_priority.emulated_speeds
+        self.speed = speeds[rank] if speeds else 1.0
+        self.client = client
+        self.decision = NodeDecision.uniform(config.node_priority.global_batch_size, world_size)
+        self.adopted: list[tuple[int, int, tuple[int, ...]]] = []  # (step, version, batch_sizes)
+        self.global_step = 0
+        self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
+        self._params: list[torch.nn.Parameter] = []
+        self._reports: list[WorkerReport] = []
+        self._plans: dict[int, SamplePlan] = {}
+        self._num_samples: int | None = None
+        self._step_t0 = time.perf_counter()
+        self._step_overhead = 0.0
+        if client is not None:
+            client.register(rank, accelerator_type)
+        if world_size > 1:
+            dist.barrier()  # every worker registered before rank 0 fetches the first decision
+
+    # -- model ---------------------------------------------------------------------------------
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move to the device, make all ranks start from rank 0's parameters, track them for sync."""
+        model = model.to(self.device)
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        if self.world_size > 1:
+            with torch.no_grad():
+                for p in model.parameters():
+                    dist.broadcast(p.data, src=0)
+        return model
+
+    def _combine_gradients(self, weight: float) -> None:
+        """grad <- sum over ranks of weight_r * grad_r: the mean gradient over the global batch."""
+        if not self._params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(weight)  # one coalesced all-reduce
+        if self.world_size > 1:
+            dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(self._params, grads):
+            n = g.numel()
+            p.grad = flat[offset:offset + n].view_as(g)
+            offset += n
+
+    def measure_comm_s(self, repeats: int = 10) -> float:
+        """Median seconds of the gradient all-reduce alone (after a barrier, so no one is waiting)."""
+        numel = sum(p.numel() for p in self._params)
+        if self.world_size == 1 or numel == 0:
+            return 0.0
+        flat = torch.zeros(numel, device=self.device)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(flat)
+            if flat.is_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    def record_measurement(self, name: str, value: float) -> None:
+        """Store a named measurement with the scheduler (fire-and-forget), e.g. for a benchmark."""
+        if self.client is not None:
+            self.client.record_measurement(name, value)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def epoch(self, epoch: int, num_samples: int) -> Iterator[StepBatch]:
+        """This worker's batches for one epoch.
+
+        Uniform sampling (the default): a permutation seeded by (seed, epoch), cut per step into
+        contiguous chunks of the current batch sizes: every sample is used exactly once per epoch.
+        Sample priorities: an epoch is ceil(N / B) steps of B draws from the priority distribution.
+        """
+        self._set_num_samples(num_samples)
+        if self.config.sample_priority is None:
+            perm = np.random.default_rng([self.config.seed, epoch]).permutation(num_samples)
+            offset = 0
+            while offset < num_samples:
+                self._boundary()
+                chunks = step_slices(offset, self.decision.batch_sizes, num_samples)
+                total = chunks[-1].stop - chunks[0].start
+                mine = chunks[self.rank]
+                yield StepBatch(self.global_step, epoch, perm[mine], (mine.stop - mine.start) / total,
+                                self.decision.version)
+                offset += total
+        else:
+            for _ in range(math.ceil(num_samples / self.config.node_priority.global_batch_size)):
+                self._boundary()
+                plan = self._plans.pop(self.global_step, None) or self._uniform_plan(self.global_step)
+                sizes = [len(i) for i in plan.indices]
+                yield StepBatch(self.global_step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
+                                self.decision.version, plan.weights[self.rank])
+
+    def step(self, batch: StepBatch) -> StepScope:
+        return StepScope(self, batch)
+
+    def _finish_step(self, batch: StepBatch, compute_s: float, wait_s: float, per_sample: torch.Tensor | None) -> None:
+        t0 = time.perf_counter()
+        now = t0
+        loss = float(per_sample.mean()) if per_sample is not None and per_sample.numel() else float("nan")
+        sample_losses = None
+        if self.config.sample_priority is not None and per_sample is not None:
+            sample_losses = per_sample.float().cpu().numpy()
+        self._reports.append(WorkerReport(
+            worker_id=self.rank, step=batch.step, samples=max(len(batch.indices), 0), compute_s=compute_s,
+            wait_s=wait_s, step_s=now - self._step_t0, overhead_s=self._step_overhead, loss=loss,
+            accelerator_type=self.accelerator_type,
+            sample_indices=batch.indices if sample_losses is not None else None, sample_losses=sample_losses))
+        self.global_step += 1
+        self._step_overhead = time.perf_counter() - t0
+        self.overhead_s += self._step_overhead
+        self._step_t0 = now
+
+    # -- decisions -----------------------------------------------------------------------------
+    def _set_num_samples(self, num_samples: int) -> None:
+        if self._num_samples != num_samples:
+            self._num_samples = num_samples
+            if self.rank == 0 and self.client is not None and self.config.sample_priority is not None:
+                self.client.set_dataset_size(num_samples)
+
+    def _boundary(self) -> None:
+        """At every ``decision_interval``-th step: flush reports, rank 0 polls, everyone adopts together."""
+        k = self.config.node_priority.decision_interval
+        if self.global_step % k:
+            return
+        t0 = time.perf_counter()
+        if self.client is not None:
+            self.client.report(self._reports)
+        self._reports = []
+        bundle = None
+        if self.rank == 0 and self.client is not None:
+            first = self.global_step == 0  # start-up: may wait briefly, the step has not begun
+            bundle = self.client.poll(block_s=10.0 if first else 0.0)
+            if first and bundle is None:
+                self.client.request(self.decision.version, 0, k, self.decision.batch_sizes)
+                bundle = self.client.poll(block_s=10.0)
+            if bundle is not None and bundle.decision is None and not bundle.sample_plans:
+                bundle = None  # nothing new: skip the broadcast of the bundle itself
+        if self.world_size > 1:
+            # one tiny broadcast says whether anything came; the pickled bundle only travels when it did
+            flag = torch.tensor([1 if bundle is not None else 0], dtype=torch.int32, device=self.device)
+            dist.broadcast(flag, src=0)
+            if flag.item():
+                box = [bundle]
+                dist.broadcast_object_list(box, src=0)
+                bundle = box[0]
+        if bundle is not None:
+            self._adopt(bundle)
+        if self.rank == 0 and self.client is not None:
+            # ask now for what the next boundary needs; it has k steps to arrive
+            self.client.request(self.decision.version, self.global_step + k, k, self.decision.batch_sizes)
+        dt = time.perf_counter() - t0
+        self._step_overhead += dt
+        self.overhead_s += dt
+
+    def _adopt(self, bundle: StepBundle) -> None:
+        if bundle.decision is not None and bundle.decision.version > self.decision.version:
+            bundle.decision.validate(self.config.node_priority.global_batch_size)
+            self.decision = dataclasses.replace(bundle.decision, effective_step=self.global_step)
+            self.adopted.append((self.global_step, self.decision.version, self.decision.batch_sizes))
+            if self.rank == 0:
+                log.info("step %d: adopted %s", self.global_step, self.decision)
+        for plan in bundle.sample_plans:
+            if plan.step >= self.global_step and tuple(len(i) for i in plan.indices) == self.decision.batch_sizes:
+                self._plans[plan.step] = plan
+
+    def _uniform_plan(self, step: int) -> SamplePlan:
+        """Fallback when no priority plan arrived in time: uniform draws, identical on every rank."""
+        rng = np.random.default_rng([self.config.seed, 7919, step])
+        idx = rng.integers(0, self._num_samples, size=self.decision.global_batch_size)
+        cuts = np.cumsum(self.decision.batch_sizes)[:-1]
+        parts = tuple(np.split(idx, cuts))
+        return SamplePlan(step, parts, tuple(np.ones(len(p), dtype=np.float32) for p in parts))
+
+    def flush(self) -> None:
+        """Send the reports still buffered (call at the end of training)."""
+        if self.client is not None:
+            self.client.report(self._reports)
+        self._reports = []

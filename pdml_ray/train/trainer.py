@@ -1,0 +1,128 @@
+"""``PDMLTrainer``: Ray Train's ``TorchTrainer`` plus a scheduler actor and the in-loop context."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayError
+
+from actors.scheduler import get_or_create_scheduler
+from pdml_ray.config import PDMLConfig
+from pdml_ray.priority.node import accelerator_from_gpu_name, accelerator_from_resources
+from pdml_ray.train.client import SchedulerClient
+from pdml_ray.train.context import PDMLContext
+
+log = logging.getLogger(__name__)
+
+_CONFIG_KEY = "_pdml"
+_context: PDMLContext | None = None
+
+
+def get_context() -> PDMLContext:
+    """The pdml-ray context of this Ray Train worker (inside a loop run by ``PDMLTrainer``)."""
+    if _context is None:
+        raise RuntimeError("pdml_ray.train.get_context() is only available inside a training loop "
+                           "launched by pdml_ray.train.PDMLTrainer")
+    return _context
+
+
+def detect_accelerator_type(device: torch.device, known: list[str]) -> str:
+    """The GPU's model name if there is one, else the node's ``accelerator_type:*`` resource, else CPU."""
+    if device.type == "cuda":
+        return accelerator_from_gpu_name(torch.cuda.get_device_name(device), known)
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            return accelerator_from_resources(node.get("Resources", {})) or "CPU"
+    return "CPU"
+
+
+def _run_worker(user_loop: Callable, config: dict) -> Any:
+    """What every Ray Train worker runs: build the context, then the user's loop."""
+    global _context
+    import ray.train
+    import ray.train.torch
+
+    pdml = config.pop(_CONFIG_KEY)
+    pdml_config = PDMLConfig.from_dict(pdml["config"])
+    train_ctx = ray.train.get_context()
+    device = ray.train.torch.get_device()
+    accel = detect_accelerator_type(device, list(pdml_config.node_priority.accelerator_prior()))
+    client = SchedulerClient(pdml_config.scheduler_name, pdml_config.namespace)
+    _context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
+    try:
+        return user_loop(config) if _takes_config(user_loop) else user_loop()
+    finally:
+        _context.flush()
+        _context = None
+
+
+def _takes_config(fn: Callable) -> bool:
+    import inspect
+
+    return len(inspect.signature(fn).parameters) > 0
+
+
+@dataclass
+class PDMLResult:
+    """Ray Train's result plus what the scheduler saw: final decision, rates, telemetry columns."""
+
+    train_result: Any
+    scheduler_stats: dict
+    decisions: list
+    telemetry: dict
+    scheduler_state: dict
+
+
+class PDMLTrainer:
+    """Drop-in for ``ray.train.torch.TorchTrainer`` with node (and optionally sample) priorities.
+
+    Same ``train_loop_per_worker``, ``train_loop_config``, ``scaling_config``, ``run_config`` (and
+    any other ``TorchTrainer`` keyword); ``pdml_config`` adds pdml-ray. Inside the loop, call
+    ``pdml_ray.train.get_context()``.
+    """
+
+    def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
+                 scaling_config=None, run_config=None, pdml_config: PDMLConfig | None = None,
+                 keep_scheduler: bool = False, **torch_trainer_kwargs: Any):
+        from ray.train import ScalingConfig
+
+        self.loop = train_loop_per_worker
+        self.loop_config = dict(train_loop_config or {})
+        if _CONFIG_KEY in self.loop_config:
+            raise ValueError(f"train_loop_config key {_CONFIG_KEY!r} is reserved for pdml-ray")
+        self.scaling_config = scaling_config or ScalingConfig(num_workers=1)
+        self.run_config = run_config
+        self.pdml_config = pdml_config or PDMLConfig()
+        self.pdml_config.node_priority.check_workers(self.scaling_config.num_workers)
+        self.keep_scheduler = keep_scheduler
+        self.kwargs = torch_trainer_kwargs
+
+    def fit(self) -> PDMLResult:
+        from ray.train.torch import TorchTrainer
+
+        num_workers = self.scaling_config.num_workers
+        scheduler = get_or_create_scheduler(self.pdml_config, num_workers)
+        ray.get(scheduler.ping.remote())
+        loop = self.loop
+        config = {**self.loop_config, _CONFIG_KEY: {"config": self.pdml_config.to_dict()}}
+        trainer = TorchTrainer(lambda cfg: _run_worker(loop, cfg), train_loop_config=config,
+                               scaling_config=self.scaling_config, run_config=self.run_config, **self.kwargs)
+        try:
+            result = trainer.fit()
+            try:
+                stats, decisions, telemetry, state = ray.get([
+                    scheduler.stats.remote(), scheduler.decision_history.remote(),
+                    scheduler.telemetry.remote(), scheduler.state_dict.remote()], timeout=60)
+            except RayError as e:  # the scheduler died for good: the training result still stands
+                log.warning("scheduler state lost at the end of the run: %s", e)
+                stats, decisions, telemetry, state = {}, [], {}, {}
+        finally:
+            if not self.keep_scheduler:
+                ray.kill(scheduler)  # a later fit() with the same name starts from a fresh scheduler
+        return PDMLResult(result, stats, decisions, telemetry, state)
