@@ -134,8 +134,14 @@ class SamplePriorityConfig:
     """Steps over which beta goes from is_exponent_start to 1.0 (unbiased)."""
     replacement: bool = True
     """Draw a step's indices with replacement (exactly unbiased); False draws distinct indices."""
+    unseen_score: Literal["max", "mean"] = "max"
+    """Score of samples that have no loss yet: the largest score seen so far (optimistic: the first
+    epoch visits every sample before exploiting), or the mean seen score (exploits high-loss samples
+    as soon as they are found; the uniform mix and the mean weight still visit the rest)."""
 
     def __post_init__(self) -> None:
+        _require(self.unseen_score in ("max", "mean"),
+                 f"sample_priority.unseen_score must be 'max' or 'mean', got {self.unseen_score!r}")
         _require(self.score in ("loss", "loss_ema"),
                  f"sample_priority.score must be 'loss' or 'loss_ema', got {self.score!r}")
         _require(_finite(self.score_ema) and 0.0 < self.score_ema <= 1.0,
@@ -160,18 +166,29 @@ class ContinuityConfig:
 
     check_interval: int = 10
     """Steps between checks."""
-    min_normalized_ess: float = 0.05
-    """Below this normalised effective sample size the distribution is too peaked."""
+    min_normalized_ess: float = 1e-3
+    """Below this normalised effective sample size ((sum p)^2 / (N sum p^2)) the distribution is too
+    peaked: it effectively covers fewer than this fraction of the items. A healthy loss table on
+    imbalanced data (1 positive in 200 carrying most of the loss) sits near 5e-3, so keep this below
+    the rarest class share you want to focus on. For few items (nodes) raise it: 1/N is the minimum."""
     max_normalized_ess: float = 0.999
-    """Above this (and with max_tie_fraction exceeded) the distribution is too flat."""
+    """Too flat needs both: normalised ESS above this AND tie_fraction above max_tie_fraction."""
     max_tie_fraction: float = 0.9
-    """Fraction of priorities equal (within rel. 1e-6) to the mode above which it counts as flat."""
+    """Share of priorities tied (within relative tie_tolerance of the median) above which, with a
+    normalised ESS above max_normalized_ess, the distribution counts as collapsed flat. Must be > 0.5."""
+    tie_tolerance: float = 1e-3
+    """Relative distance to the median within which two priorities count as tied."""
+    max_check_items: int = 1 << 16
+    """Vectors longer than this are measured on a random subsample of this many items (keeps a check O(1))."""
     recalibration_steps: int = 50
     """Steps the raised uniform mix is held after a recalibration."""
     recalibration_mix: float = 0.5
     """Uniform mix used while recovering from a collapse."""
     noise: float = 0.05
-    """Relative multiplicative noise injected into priorities on recalibration."""
+    """Std of the log-normal multiplicative noise injected into priorities on recalibration (breaks ties)."""
+    reset_fraction: float = 0.5
+    """On recalibration, priorities move this fraction of the way towards the prior (the median) in log
+    space: p <- p^(1-f) * prior^f, which compresses a peak by the power (1-f)."""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.check_interval, int) and self.check_interval >= 1,
@@ -179,8 +196,15 @@ class ContinuityConfig:
         _require(_finite(self.min_normalized_ess) and 0.0 <= self.min_normalized_ess < self.max_normalized_ess <= 1.0,
                  "continuity.min_normalized_ess must be >= 0 and below max_normalized_ess <= 1, got "
                  f"{self.min_normalized_ess!r} and {self.max_normalized_ess!r}")
-        _require(_finite(self.max_tie_fraction) and 0.0 < self.max_tie_fraction <= 1.0,
-                 f"continuity.max_tie_fraction must be in (0, 1], got {self.max_tie_fraction!r}")
+        _require(_finite(self.max_tie_fraction) and 0.5 < self.max_tie_fraction <= 1.0,
+                 f"continuity.max_tie_fraction must be in (0.5, 1] (ties are counted around the median), "
+                 f"got {self.max_tie_fraction!r}")
+        _require(_finite(self.tie_tolerance) and 0.0 <= self.tie_tolerance < 1.0,
+                 f"continuity.tie_tolerance must be in [0, 1) (relative, e.g. 1e-3), got {self.tie_tolerance!r}")
+        _require(isinstance(self.max_check_items, int) and self.max_check_items >= 16,
+                 f"continuity.max_check_items must be an integer >= 16, got {self.max_check_items!r}")
+        _require(_finite(self.reset_fraction) and 0.0 <= self.reset_fraction <= 1.0,
+                 f"continuity.reset_fraction must be in [0, 1] (0 = keep priorities), got {self.reset_fraction!r}")
         _require(isinstance(self.recalibration_steps, int) and self.recalibration_steps >= 1,
                  f"continuity.recalibration_steps must be an integer >= 1, got {self.recalibration_steps!r}")
         _require(_finite(self.recalibration_mix) and 0.0 < self.recalibration_mix <= 1.0,
@@ -240,6 +264,8 @@ def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
         nested = _config_class(hints[name])
         if nested is not None and isinstance(value, dict):
             value = _from_dict(nested, value, f"{where}{name}.")
+        elif nested is not None and value is not None and not isinstance(value, nested):
+            raise ConfigError(f"{where}{name}: expected a mapping of {nested.__name__} fields, got {value!r}")
         kwargs[name] = value
     return cls(**kwargs)
 
@@ -251,3 +277,83 @@ def _config_class(hint: Any) -> type | None:
         if dataclasses.is_dataclass(c):
             return c
     return None
+
+
+# ---- Pipeline scheduling (issue 4): appended block, owned by pdml_ray/pipeline ----
+
+_PIPELINE_SCHEDULES = ("gpipe", "1f1b", "critical-path", "osprey", "auto")
+
+
+@dataclass(kw_only=True, slots=True)
+class OspreyConfig:
+    """Osprey: adaptive pipeline scheduling from measured per-stage-replica latencies."""
+
+    ema_alpha: float = 0.5
+    """Weight of the newest step's mean latency in the EMA per (stage, replica, kind); 1.0 = newest only."""
+    stale_relax: float = 0.1
+    """Per step, a replica with no measurement moves this fraction of the way to its stage's fastest
+    estimate, so a replica starved of work is eventually tried (and re-measured) again."""
+    momentum: float = 0.5
+    """Momentum of the bottleneck weights (0 = use only this step's loads)."""
+    bottleneck_ratio: float = 0.9
+    """A stage whose predicted load is at least this fraction of the largest load counts as a bottleneck."""
+    bottleneck_gain: float = 1.0
+    """How strongly bottleneck weights raise the priority of work feeding a bottleneck stage (0 = plain critical path)."""
+    extra_in_flight: int = 1
+    """Activations per replica beyond 1F1B's (stages - k) that osprey may hold to absorb noise; the
+    memory limit, if set, still caps the total."""
+    warm_start: Literal["gpipe", "1f1b", "critical-path"] = "1f1b"
+    """Static schedule whose plan osprey uses until it has measurements."""
+
+    def __post_init__(self) -> None:
+        _require(_finite(self.ema_alpha) and 0.0 < self.ema_alpha <= 1.0,
+                 f"osprey.ema_alpha must be in (0, 1] (e.g. 0.5), got {self.ema_alpha!r}")
+        _require(_finite(self.stale_relax) and 0.0 <= self.stale_relax <= 1.0,
+                 f"osprey.stale_relax must be in [0, 1] (e.g. 0.1), got {self.stale_relax!r}")
+        _require(_finite(self.momentum) and 0.0 <= self.momentum < 1.0,
+                 f"osprey.momentum must be in [0, 1) (e.g. 0.5), got {self.momentum!r}")
+        _require(_finite(self.bottleneck_ratio) and 0.0 < self.bottleneck_ratio <= 1.0,
+                 f"osprey.bottleneck_ratio must be in (0, 1] (e.g. 0.9), got {self.bottleneck_ratio!r}")
+        _require(_finite(self.bottleneck_gain) and 0.0 <= self.bottleneck_gain <= 10.0,
+                 f"osprey.bottleneck_gain must be in [0, 10] (1.0 is the default), got {self.bottleneck_gain!r}")
+        _require(isinstance(self.extra_in_flight, int) and self.extra_in_flight >= 0,
+                 f"osprey.extra_in_flight must be an integer >= 0 activations, got {self.extra_in_flight!r}")
+        _require(self.warm_start in ("gpipe", "1f1b", "critical-path"),
+                 f"osprey.warm_start must be 'gpipe', '1f1b' or 'critical-path', got {self.warm_start!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class PipelineConfig:
+    """Pipeline scheduling: which schedule orders the micro-batches, within what activation memory."""
+
+    schedule: str = "auto"
+    """One of 'gpipe', '1f1b', 'critical-path', 'osprey', 'auto' (static until measurements say osprey pays)."""
+    memory_limit: int | None = None
+    """Most forward activations a replica may hold at once (F done, B not yet); None = unbounded."""
+    stage_costs: list[tuple[float, float]] | None = None
+    """Prior (forward_s, backward_s) per stage before any measurement; None assumes (1, 2) everywhere."""
+    auto_static: Literal["gpipe", "1f1b", "critical-path"] = "1f1b"
+    """The static schedule 'auto' uses while osprey is not warranted."""
+    auto_dispersion_threshold: float = 0.05
+    """'auto' switches to osprey when replicas of a stage differ in measured latency by more than this
+    coefficient of variation (0.05 = 5%)."""
+    auto_bubble_threshold: float = 0.30
+    """'auto' switches to osprey when the static plan's predicted bubble fraction exceeds this."""
+    osprey: OspreyConfig = field(default_factory=OspreyConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.schedule in _PIPELINE_SCHEDULES,
+                 f"pipeline.schedule must be one of {list(_PIPELINE_SCHEDULES)}, got {self.schedule!r}")
+        if self.memory_limit is not None:
+            _require(isinstance(self.memory_limit, int) and self.memory_limit >= 1,
+                     f"pipeline.memory_limit must be an integer >= 1 activation or None, got {self.memory_limit!r}")
+        if self.stage_costs is not None:
+            for i, c in enumerate(self.stage_costs):
+                _require(len(c) == 2 and all(_finite(x) and x > 0 for x in c),
+                         f"pipeline.stage_costs[{i}] must be (forward_s, backward_s), both > 0 seconds, got {c!r}")
+        _require(self.auto_static in ("gpipe", "1f1b", "critical-path"),
+                 f"pipeline.auto_static must be 'gpipe', '1f1b' or 'critical-path', got {self.auto_static!r}")
+        _require(_finite(self.auto_dispersion_threshold) and self.auto_dispersion_threshold >= 0.0,
+                 f"pipeline.auto_dispersion_threshold must be >= 0 (e.g. 0.05 = 5%), got {self.auto_dispersion_threshold!r}")
+        _require(_finite(self.auto_bubble_threshold) and 0.0 <= self.auto_bubble_threshold <= 1.0,
+                 f"pipeline.auto_bubble_threshold must be in [0, 1] (e.g. 0.3), got {self.auto_bubble_threshold!r}")

@@ -39,38 +39,30 @@ def round_to_batch_sizes(shares: Sequence[float] | np.ndarray, total: int, min_b
         raise ValueError("round_to_batch_sizes needs at least one share")
     if not np.all(np.isfinite(s)) or np.any(s < 0) or s.sum() <= 0:
         raise ValueError(f"shares must be finite, >= 0 and not all zero, got {s.tolist()}")
-    cap = float(total if max_batch is None else max_batch)
-    lo = float(min_batch)
-    if n * lo > total or n * cap < total:
+    cap = total if max_batch is None else max_batch
+    if n * min_batch > total or n * cap < total:
         raise ValueError(f"cannot split {total} samples over {n} workers within [{min_batch}, {max_batch}]")
 
-    target = np.empty(n)
-    free = np.ones(n, dtype=bool)  # workers whose size is still proportional, not clamped
-    remaining = float(total)
-    for _ in range(n + 1):  # each pass clamps at least one more worker or stops
-        target[free] = remaining * s[free] / s[free].sum() if s[free].sum() > 0 else remaining / free.sum()
-        over = free & (target > cap)
-        under = free & (target < lo)
-        if not over.any() and not under.any():
-            break
-        target[over] = cap
-        target[under] = lo
-        free &= ~(over | under)
-        remaining = total - target[~free].sum()
-        if not free.any():
-            break
+    # Water-filling: the level T with sum(clip(T * s, lo, cap)) == total. The sum is non-decreasing in
+    # T, so bisection finds it; zero shares get a vanishing weight so they only grow when they must.
+    s = np.maximum(s / s.max(), 1e-12)
+    low, high = 0.0, cap / s.min()
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        if np.clip(mid * s, min_batch, cap).sum() < total:
+            low = mid
+        else:
+            high = mid
+    target = np.clip(high * s, min_batch, cap)
 
-    sizes = np.floor(target + 1e-9).astype(np.int64)
+    sizes = np.clip(np.floor(target + 1e-9), min_batch, cap).astype(np.int64)
     short = int(total - sizes.sum())
-    if short > 0:
-        # largest remainder among workers that can still grow; stable sort keeps ties by index
-        room = sizes < (max_batch if max_batch is not None else total)
-        remainder = np.where(room, target - sizes, -1.0)
-        order = np.argsort(-remainder, kind="stable")
-        sizes[order[:short]] += 1
-    elif short < 0:  # only reachable through the 1e-9 guard; take back from the largest remainders
-        order = np.argsort(target - sizes, kind="stable")
-        sizes[order[:-short]] -= 1
+    if short > 0:  # largest remainder among workers below their cap; stable sort breaks ties by index
+        remainder = np.where(sizes < cap, target - sizes, -np.inf)
+        sizes[np.argsort(-remainder, kind="stable")[:short]] += 1
+    elif short < 0:  # target overshot by rounding noise: take back from the smallest remainders
+        remainder = np.where(sizes > min_batch, target - sizes, np.inf)
+        sizes[np.argsort(remainder, kind="stable")[:-short]] -= 1
     return sizes
 
 

@@ -1,0 +1,61 @@
+"""Config validation and loading: wrong values say how to fix them."""
+
+import pytest
+
+from pdml_ray.config import NodePriorityConfig, PDMLConfig
+from pdml_ray.errors import ConfigError
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(global_batch_size=0), "global_batch_size must be a positive integer"),
+    (dict(ema_alpha=0.0), "ema_alpha must be in"),
+    (dict(ema_alpha=float("nan")), "ema_alpha must be in"),
+    (dict(decision_interval=0), "decision_interval"),
+    (dict(min_batch=-1), "min_batch"),
+    (dict(min_batch=8, max_batch=4), "max_batch must be an integer >= min_batch"),
+    (dict(hysteresis=1.5), "hysteresis"),
+    (dict(prior={"H100": -1}), "prior\\['H100'\\]"),
+    (dict(emulated_speeds=[1.0, 0.0]), "emulated_speeds\\[1\\]"),
+    (dict(emulated_speeds=[2.0]), "fastest worker is 1.0"),
+])
+def test_node_priority_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        NodePriorityConfig(**kwargs)
+
+
+def test_config_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        NodePriorityConfig(global_batch_size=-3)
+
+
+def test_check_workers_says_what_to_change():
+    cfg = NodePriorityConfig(global_batch_size=10, min_batch=4, emulated_speeds=[1.0, 0.5])
+    with pytest.raises(ConfigError, match="lower min_batch or raise global_batch_size"):
+        cfg.check_workers(3)
+    with pytest.raises(ConfigError, match="one speed per worker"):
+        NodePriorityConfig(global_batch_size=10, emulated_speeds=[1.0, 0.5]).check_workers(3)
+    with pytest.raises(ConfigError, match="raise max_batch"):
+        NodePriorityConfig(global_batch_size=100, max_batch=10).check_workers(3)
+
+
+def test_from_dict_and_yaml(tmp_path):
+    data = {"seed": 3, "node_priority": {"global_batch_size": 64, "prior": {"A100": 0.5}},
+            "sample_priority": {"exponent": 0.7}}
+    cfg = PDMLConfig.from_dict(data)
+    assert cfg.node_priority.global_batch_size == 64 and cfg.sample_priority.exponent == 0.7 and cfg.seed == 3
+    assert cfg.node_priority.accelerator_prior()["A100"] == 0.5
+    assert PDMLConfig.from_dict(cfg.to_dict()) == cfg
+    path = tmp_path / "pdml.yaml"
+    path.write_text("node_priority:\n  global_batch_size: 32\n  decision_interval: 3\n")
+    assert PDMLConfig.from_yaml(path).node_priority.decision_interval == 3
+
+
+def test_unknown_keys_list_the_valid_ones():
+    with pytest.raises(ConfigError, match="unknown key.*global_batch.*valid keys"):
+        PDMLConfig.from_dict({"node_priority": {"global_batch": 64}})
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        PDMLConfig.from_dict({"node_priority": 5})
+
+
+def test_sample_priority_is_off_by_default():
+    assert PDMLConfig().sample_priority is None

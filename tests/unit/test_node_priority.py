@@ -1,0 +1,226 @@
+"""Node priorities: rounding, shares, floors/caps, hysteresis, prior, coverage, bad reports."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdml_ray.config import NodePriorityConfig
+from pdml_ray.priority.node import (NodePriorityDeriver, accelerator_from_gpu_name, accelerator_from_resources,
+                                    predicted_step_s, round_to_batch_sizes, step_slices)
+from pdml_ray.telemetry import NodeDecision, WorkerReport
+
+
+@st.composite
+def split_problem(draw):
+    n = draw(st.integers(1, 12))
+    shares = draw(st.lists(st.floats(0.0, 100.0, allow_nan=False), min_size=n, max_size=n).filter(lambda s: sum(s) > 0))
+    total = draw(st.integers(n, 5000))
+    lo = draw(st.integers(0, total // n))
+    hi = draw(st.one_of(st.none(), st.integers(max(lo, -(-total // n)), total)))
+    return shares, total, lo, hi
+
+
+@given(split_problem())
+@settings(max_examples=300, deadline=None)
+def test_batch_sizes_sum_exactly_and_respect_bounds(problem):
+    shares, total, lo, hi = problem
+    sizes = round_to_batch_sizes(shares, total, lo, hi)
+    assert sizes.sum() == total
+    assert sizes.min() >= lo
+    if hi is not None:
+        assert sizes.max() <= hi
+
+
+@given(split_problem())
+@settings(max_examples=200, deadline=None)
+def test_unconstrained_rounding_is_within_one_of_the_exact_share(problem):
+    shares, total, _, _ = problem
+    sizes = round_to_batch_sizes(shares, total)
+    exact = np.asarray(shares) / sum(shares) * total
+    assert np.all(np.abs(sizes - exact) < 1.0 + 1e-9)
+
+
+def test_largest_remainder_example():
+    # exact 3.33.. each: the remainder goes to the first (ties by index)
+    assert round_to_batch_sizes([1, 1, 1], 10).tolist() == [4, 3, 3]
+    assert round_to_batch_sizes([0.5, 0.3, 0.2], 7).tolist() == [4, 2, 1]  # 3.5 2.1 1.4 -> largest remainders 0.5, 0.4
+
+
+def test_floors_and_caps_redistribute():
+    assert round_to_batch_sizes([100, 1, 1], 30, min_batch=5).tolist() == [20, 5, 5]
+    assert round_to_batch_sizes([100, 1, 1], 30, max_batch=12).tolist() == [12, 9, 9]
+
+
+def test_impossible_bounds_raise():
+    with pytest.raises(ValueError, match="cannot split"):
+        round_to_batch_sizes([1, 1], 10, min_batch=6)
+    with pytest.raises(ValueError, match="shares"):
+        round_to_batch_sizes([0, 0], 10)
+
+
+def _report(worker, step, samples, seconds, **kw):
+    return WorkerReport(worker_id=worker, step=step, samples=samples, compute_s=seconds, **kw)
+
+
+def _feed(deriver, rates, steps, batch):
+    decisions = []
+    for step in range(steps):
+        for w, r in enumerate(rates):
+            deriver.ingest(_report(w, step, batch, batch / r))
+        d = deriver.decide(step + 1)
+        if d is not None:
+            decisions.append(d)
+    return decisions
+
+
+def test_shares_follow_measured_throughput():
+    cfg = NodePriorityConfig(global_batch_size=1000, warmup_steps=0, hysteresis=0.0)
+    deriver = NodePriorityDeriver(cfg, 3)
+    _feed(deriver, [300.0, 200.0, 500.0], steps=3, batch=100)
+    assert deriver.decision.batch_sizes == (300, 200, 500)
+    assert deriver.decision.grad_weights == pytest.approx((0.3, 0.2, 0.5))
+    assert deriver.decision.reason == "measured"
+
+
+def test_prior_is_used_before_measurements_and_unknown_types_fall_back():
+    cfg = NodePriorityConfig(global_batch_size=132, prior={"MYCHIP": 2.0})
+    deriver = NodePriorityDeriver(cfg, 3, ["H100", "A100", "MYCHIP"])
+    rates = deriver.prior_rates()
+    assert rates.tolist() == [1.0, 0.32, 2.0]
+    assert deriver.decision.reason == "prior"
+    assert deriver.decision.batch_sizes == tuple(round_to_batch_sizes(rates, 132).tolist())
+    # a partially measured cluster still runs on the prior
+    deriver.ingest(_report(0, 5, 10, 0.01))
+    assert deriver.rates()[1] == "prior"
+    odd = NodePriorityDeriver(NodePriorityConfig(global_batch_size=10), 2, ["H100", "weird"])
+    assert odd.prior_rates().tolist() == [1.0, 1.0]
+
+
+def test_set_accelerator_rederives_the_prior_with_a_new_version():
+    deriver = NodePriorityDeriver(NodePriorityConfig(global_batch_size=100), 2)
+    assert deriver.decision.batch_sizes == (50, 50)
+    d = deriver.set_accelerator(0, "H100")
+    assert d is not None and d.version == 1 and d.batch_sizes[0] > 90
+
+
+def test_hysteresis_keeps_sizes_on_small_gains():
+    cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.1)
+    deriver = NodePriorityDeriver(cfg, 2)
+    _feed(deriver, [104.0, 96.0], steps=4, batch=50)  # balanced sizes cut the step by ~4% < 10%
+    assert deriver.decision.batch_sizes == (50, 50)
+    switched = _feed(deriver, [150.0, 50.0], steps=6, batch=50)  # now a 33% gain: switch
+    assert switched and abs(deriver.decision.batch_sizes[0] - 75) <= 2
+    # once close, further 1-sample moves gain < 10%: no thrashing
+    assert _feed(deriver, [150.0, 50.0], steps=20, batch=50) == []
+
+
+def test_floors_caps_hold_in_decisions():
+    cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.0, min_batch=10, max_batch=60)
+    deriver = NodePriorityDeriver(cfg, 3)
+    _feed(deriver, [1000.0, 1.0, 1.0], steps=3, batch=30)
+    assert deriver.decision.batch_sizes == (60, 20, 20)
+
+
+def test_warmup_reports_do_not_move_shares():
+    cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=3, hysteresis=0.0)
+    deriver = NodePriorityDeriver(cfg, 2)
+    for step in range(3):
+        deriver.ingest(_report(0, step, 50, 0.01))
+        deriver.ingest(_report(1, step, 50, 1.0))
+    assert deriver.decide(3) is None and deriver.decision.batch_sizes == (50, 50)
+
+
+@pytest.mark.parametrize("bad, why", [
+    (dict(compute_s=float("nan")), "compute_s"),
+    (dict(compute_s=-1.0), "compute_s"),
+    (dict(compute_s=0.0), "compute_s"),
+    (dict(samples=0), "samples"),
+    (dict(worker_id=7), "unknown worker"),
+    (dict(wait_s=float("inf")), "wait_s"),
+])
+def test_bad_reports_are_rejected_and_do_not_move_shares(bad, why):
+    cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.0)
+    deriver = NodePriorityDeriver(cfg, 2)
+    _feed(deriver, [100.0, 100.0], steps=2, batch=50)
+    before = deriver.throughput.rates.copy()
+    fields = dict(worker_id=0, step=5, samples=50, compute_s=0.5)
+    fields.update(bad)
+    reason = deriver.ingest(WorkerReport(**fields))
+    assert reason is not None and why in reason
+    assert np.array_equal(deriver.throughput.rates, before)
+    assert deriver.rejected[-1] == reason
+
+
+def test_disabled_keeps_uniform_shares():
+    cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, enabled=False)
+    deriver = NodePriorityDeriver(cfg, 2, ["H100", "A100"])
+    _feed(deriver, [500.0, 10.0], steps=3, batch=50)
+    assert deriver.decision.batch_sizes == (50, 50)
+
+
+def test_predicted_step_time_is_the_slowest_worker():
+    assert predicted_step_s([50, 50], [100.0, 25.0]) == pytest.approx(2.0)
+    assert predicted_step_s([80, 20], [100.0, 25.0]) == pytest.approx(0.8)
+
+
+@st.composite
+def decision_sequences(draw):
+    n = draw(st.integers(1, 6))
+    num_samples = draw(st.integers(1, 400))
+    seq = draw(st.lists(st.lists(st.integers(0, 40), min_size=n, max_size=n).filter(lambda s: sum(s) > 0),
+                        min_size=1, max_size=30))
+    return num_samples, seq
+
+
+@given(decision_sequences())
+@settings(max_examples=300, deadline=None)
+def test_every_sample_of_an_epoch_is_used_exactly_once(problem):
+    num_samples, seq = problem
+    perm = np.random.default_rng(0).permutation(num_samples)
+    seen = []
+    offset, k = 0, 0
+    while offset < num_samples:
+        chunks = step_slices(offset, seq[k % len(seq)], num_samples)
+        # contiguous, ordered, non-overlapping
+        assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
+        for c in chunks:
+            seen.extend(perm[c].tolist())
+        offset = chunks[-1].stop
+        k += 1
+    assert sorted(seen) == list(range(num_samples))
+
+
+def test_decision_validation_and_round_trip():
+    d = NodeDecision.from_sizes(3, 10, [6, 2], [0.75, 0.25], "measured")
+    d.validate(8)
+    assert NodeDecision.from_dict(d.to_dict()) == d
+    assert "v3" in str(d)
+    with pytest.raises(ValueError, match="sum to 8"):
+        d.validate(9)
+    broken = NodeDecision(version=1, effective_step=0, batch_sizes=(6, 2), grad_weights=(0.5, 0.5), shares=(0.5, 0.5))
+    with pytest.raises(ValueError, match="weight"):
+        broken.validate()
+
+
+def test_accelerator_detection():
+    known = ["H100", "H200", "A100", "L4", "L40S", "V100", "CPU"]
+    assert accelerator_from_gpu_name("NVIDIA H100 80GB HBM3", known) == "H100"
+    assert accelerator_from_gpu_name("NVIDIA A100-SXM4-40GB", known) == "A100"
+    assert accelerator_from_gpu_name("NVIDIA L40S", known) == "L40S"
+    assert accelerator_from_gpu_name("NVIDIA L4", known) == "L4"
+    assert accelerator_from_gpu_name("Mystery GPU", known) == "unknown:Mystery GPU"
+    assert accelerator_from_resources({"CPU": 4.0, "accelerator_type:A100": 1.0}) == "A100"
+    assert accelerator_from_resources({"CPU": 4.0}) is None
+
+
+def test_state_round_trip():
+    cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.0)
+    a = NodePriorityDeriver(cfg, 2)
+    _feed(a, [300.0, 100.0], steps=2, batch=50)
+    b = NodePriorityDeriver(cfg, 2)
+    b.load_state_dict(a.state_dict())
+    assert b.decision == a.decision and np.allclose(b.throughput.rates, a.throughput.rates)
+    assert not math.isnan(b.throughput.rates[0])
