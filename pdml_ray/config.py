@@ -294,12 +294,11 @@ class OspreyConfig:
     """Per step, a replica with no measurement moves this fraction of the way to its stage's fastest
     estimate, so a replica starved of work is eventually tried (and re-measured) again."""
     momentum: float = 0.5
-    """Momentum of the bottleneck weights (0 = use only this step's loads)."""
-    bottleneck_ratio: float = 0.9
-    """A stage whose predicted load is at least this fraction of the largest load counts as a bottleneck."""
-    bottleneck_gain: float = 1.0
-    """How strongly bottleneck weights raise the priority of work feeding a bottleneck stage (0 = plain critical path)."""
-    extra_in_flight: int = 1
+    """Momentum of the lane weights (micro-batch shares): w <- momentum * w + (1 - momentum) * target."""
+    rebalance_threshold: float = 0.02
+    """Keep the current lane weights unless some share would change by more than this (absolute
+    fraction of the micro-batches); stops noise from reshuffling the plan every step."""
+    extra_in_flight: int = 0
     """Activations per replica beyond 1F1B's (stages - k) that osprey may hold to absorb noise; the
     memory limit, if set, still caps the total."""
     warm_start: Literal["gpipe", "1f1b", "critical-path"] = "1f1b"
@@ -312,10 +311,8 @@ class OspreyConfig:
                  f"osprey.stale_relax must be in [0, 1] (e.g. 0.1), got {self.stale_relax!r}")
         _require(_finite(self.momentum) and 0.0 <= self.momentum < 1.0,
                  f"osprey.momentum must be in [0, 1) (e.g. 0.5), got {self.momentum!r}")
-        _require(_finite(self.bottleneck_ratio) and 0.0 < self.bottleneck_ratio <= 1.0,
-                 f"osprey.bottleneck_ratio must be in (0, 1] (e.g. 0.9), got {self.bottleneck_ratio!r}")
-        _require(_finite(self.bottleneck_gain) and 0.0 <= self.bottleneck_gain <= 10.0,
-                 f"osprey.bottleneck_gain must be in [0, 10] (1.0 is the default), got {self.bottleneck_gain!r}")
+        _require(_finite(self.rebalance_threshold) and 0.0 <= self.rebalance_threshold < 1.0,
+                 f"osprey.rebalance_threshold must be in [0, 1) (e.g. 0.02), got {self.rebalance_threshold!r}")
         _require(isinstance(self.extra_in_flight, int) and self.extra_in_flight >= 0,
                  f"osprey.extra_in_flight must be an integer >= 0 activations, got {self.extra_in_flight!r}")
         _require(self.warm_start in ("gpipe", "1f1b", "critical-path"),

@@ -4,13 +4,17 @@ An idle replica asks ``next_action``; the caller ``start``s what it got and ``co
 finishes. The rule: an action may start when its dependencies are complete (and, across stages, have
 arrived: ``transfer_s`` after completion) and, for a forward, when the replica holds fewer than
 ``plan.memory_limit`` activations. Without ``plan.reorder`` only the replica's next action in order is
-eligible; with it, the first eligible action in priority order (so a blocked head never idles the
-replica, and a full memory makes it run a backward instead of exceeding the limit).
+eligible; with it, the first eligible action in priority order, where an action may skip a blocked
+head only across a run of actions of its own kind (out-of-order arrivals don't idle the replica, but forwards and backwards keep the plan's
+interleaving, which is what bounds memory and keeps the critical forward chain first).
 
-Deadlock freedom with reorder: a backward is never blocked by memory and the last stage can always
-run B after F, so in-flight activations drain stage by stage from the end; any state with work left
-has an eligible action somewhere (induction from the last stage). Without reorder, ``validate``
-checks the in-order run.
+Deadlock freedom: ``validate`` checks that the in-order run finishes within the memory limit. With
+reorder, take a stuck state and the first action a* of the in-order run's sequence not yet done. Its
+dependencies and its replica's earlier actions are done, so a* heads its replica's pending list and
+is ready. A backward is never blocked by memory. If a* is a forward, what its replica ran out of
+order after a* are forwards of the run of forwards that a* starts; up to the last of them the in-order
+count of activations is at least the current count plus one (for a*), and validation bounds that by
+the limit: a* is eligible, a contradiction.
 """
 
 from __future__ import annotations
@@ -58,7 +62,15 @@ class Dispatcher:
             return None
         if not self.plan.reorder:
             return pending[0] if self._eligible(pending[0], now) else None
+        # Reorder rule: an action may overtake earlier pending actions only if they are all of its
+        # own kind (a forward overtakes forwards, a backward backwards): micro-batches that arrive out
+        # of order no longer idle the replica, yet forwards never get further ahead of backwards than
+        # the plan says, and backwards never delay a forward (whose remaining critical path is
+        # longer); letting them cross measurably lengthened noisy steps in the simulator.
+        head = pending[0].kind
         for action in pending:
+            if action.kind is not head:
+                return None
             if self._eligible(action, now):
                 return action
         return None

@@ -1,0 +1,202 @@
+"""Osprey: adaptive pipeline scheduling from measured latencies (the seed article's "osprey").
+
+measure -> derive -> decide, once per global step:
+1. Adaptive axis: an EMA of measured latency (seconds) per (stage, replica, kind). A replica left
+   without work drifts towards its stage's fastest estimate (``stale_relax``) so it gets re-tried.
+2. Bottleneck detection: with R replicas at every stage, the pipeline is cut into R lanes (lane j =
+   the j-th fastest replica of every stage, so fast replicas pair with fast ones); a lane's period is
+   its slowest member's F+B time, and that member is the lane's bottleneck. The stage with the largest
+   balanced load 1 / sum_r 1 / (f_kr + b_kr) is reported as the pipeline's bottleneck.
+3. Re-weighting with momentum: lane weights (micro-batch shares) move towards 1 / period, normalised:
+   w <- momentum * w + (1 - momentum) * target, kept unchanged while the move is below
+   ``rebalance_threshold`` (noise does not reshuffle plans).
+4. Greedy assignment: micro-batch m goes to the lane with the earliest predicted finish (``placement``);
+   within a lane the replicas of consecutive stages are fixed, so micro-batches do not cross lanes
+   (crossing couples every replica to every other; in the simulator that cost more than it gained).
+   With unequal replica counts per stage there are no lanes: a ready forward goes to the replica of
+   its stage with the earliest predicted finish (list scheduling with EFT placement).
+5. Order and reordering: each replica's order comes from list scheduling the step on the predicted
+   costs with 1F1B's rule (a ready backward first, forwards in micro-batch order, at most
+   stages - k (+ ``extra_in_flight``) activations, never above the memory limit). Plans carry
+   ``reorder=True``: the dispatcher lets a ready action overtake a blocked one of its own kind.
+   (A critical-path "forwards first" priority lengthened steps under a memory cap: it delays the
+   backward chain that frees upstream memory; see ``static.CriticalPathScheduler``.)
+6. Choice: the adaptive plan is used unless the warm-start plan's in-order makespan on the same
+   EMA costs is shorter (greedy list scheduling is not optimal; with one replica per stage 1F1B's
+   fixed alternation can beat it).
+Before any measurement the plan is the static warm-start plan (``OspreyConfig.warm_start``).
+Everything is deterministic given the measurements, so replay reproduces plans exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from pdml_ray.config import OspreyConfig, PipelineConfig
+from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule
+from pdml_ray.pipeline.plan import Kind, Measurement, Plan
+from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
+
+F, B = Kind.FORWARD, Kind.BACKWARD
+
+
+class OspreyScheduler:
+    name = "osprey"
+
+    def __init__(self, *, stages: int, replicas: Sequence[int], microbatches: int,
+                 config: PipelineConfig | OspreyConfig | None = None) -> None:
+        if isinstance(config, OspreyConfig):
+            config = PipelineConfig(osprey=config)
+        self.pipeline_config = config if config is not None else PipelineConfig()
+        self.config = self.pipeline_config.osprey
+        self.stages, self.replicas, self.microbatches = stages, tuple(replicas), microbatches
+        self.memory_limit = self.pipeline_config.memory_limit
+        self.lanes = self.replicas[0] if len(set(self.replicas)) == 1 else 0  # 0: unequal counts, no lanes
+        prior = self.pipeline_config.stage_costs or [(DEFAULT_FORWARD_S, DEFAULT_BACKWARD_S)] * stages
+        # est[k][r] = [forward_s, backward_s]: the adaptive axis.
+        self.est: list[list[list[float]]] = [[[float(prior[k][0]), float(prior[k][1])]
+                                              for _ in range(self.replicas[k])] for k in range(stages)]
+        self.measured: list[list[bool]] = [[False] * self.replicas[k] for k in range(stages)]
+        self.weights: list[float] = [1.0 / max(1, self.lanes)] * max(1, self.lanes)
+        self.steps_observed = 0
+        self.last_decision: dict[str, Any] = {"kind": "warm-start", "warm_start": self.config.warm_start}
+        self._warm: Any = None  # the warm-start static scheduler, built on first use
+
+    # ---- measure -------------------------------------------------------------------------------
+    def observe(self, measurements: Sequence[Measurement]) -> None:
+        """Fold one step's measurements into the EMA, then re-detect bottlenecks and re-weight."""
+        sums: dict[tuple[int, int, int], list[float]] = {}
+        for x in measurements:
+            acc = sums.setdefault((x.stage, x.replica, 0 if x.kind is F else 1), [0.0, 0])
+            acc[0] += x.latency_s
+            acc[1] += 1
+        if not sums:
+            return
+        a = self.config.ema_alpha
+        seen = set()
+        for (k, r, i), (total, n) in sorted(sums.items()):
+            mean = total / n
+            # The first measurement replaces the prior outright: the prior's scale is arbitrary.
+            self.est[k][r][i] = mean if not self.measured[k][r] else (1 - a) * self.est[k][r][i] + a * mean
+            seen.add((k, r))
+        for k, r in seen:
+            self.measured[k][r] = True
+        for k in range(self.stages):
+            best = min(self.est[k], key=lambda c: c[0] + c[1])
+            for r in range(self.replicas[k]):
+                if (k, r) not in seen:
+                    c = self.est[k][r]
+                    for i in (0, 1):
+                        c[i] += self.config.stale_relax * (best[i] - c[i])
+        self.steps_observed += 1
+        self._reweight()
+
+    # ---- derive --------------------------------------------------------------------------------
+    def _period(self, k: int, r: int) -> float:
+        return self.est[k][r][0] + self.est[k][r][1]
+
+    def stage_loads(self) -> list[float]:
+        """Seconds per micro-batch each stage needs with perfect balancing over its replicas."""
+        return [1.0 / sum(1.0 / self._period(k, r) for r in range(self.replicas[k])) for k in range(self.stages)]
+
+    def lane_members(self) -> list[list[int]]:
+        """[stage][lane] -> replica: lane j holds the j-th fastest replica of every stage."""
+        return [sorted(range(self.replicas[k]), key=lambda r: (self._period(k, r), r)) for k in range(self.stages)]
+
+    def _reweight(self) -> None:
+        loads = self.stage_loads()
+        decision: dict[str, Any] = {"kind": "adaptive", "step": self.steps_observed, "stage_loads_s": loads,
+                                    "bottleneck_stage": max(range(self.stages), key=lambda k: loads[k])}
+        if self.lanes:
+            members = self.lane_members()
+            periods = [max(self._period(k, members[k][j]) for k in range(self.stages)) for j in range(self.lanes)]
+            inv = [1.0 / p for p in periods]
+            target = [x / sum(inv) for x in inv]
+            first = self.steps_observed == 1
+            m = 0.0 if first else self.config.momentum
+            new = [m * w + (1 - m) * t for w, t in zip(self.weights, target)]
+            moved = max(abs(x - w) for x, w in zip(new, self.weights))
+            rebalanced = first or moved > self.config.rebalance_threshold
+            if rebalanced:
+                self.weights = new
+            decision.update(lanes=members, lane_period_s=periods,
+                            lane_bottleneck_stage=[max(range(self.stages), key=lambda k: self._period(k, members[k][j]))
+                                                   for j in range(self.lanes)],
+                            target_weights=target, weights=list(self.weights), rebalanced=rebalanced)
+        self.last_decision = decision
+
+    # ---- decide --------------------------------------------------------------------------------
+    def caps(self) -> list[int]:
+        """Activation cap per replica of stage k: 1F1B's stages - k plus slack, within the memory limit."""
+        out = []
+        for k in range(self.stages):
+            cap = self.stages - k + self.config.extra_in_flight
+            out.append(cap if self.memory_limit is None else min(cap, self.memory_limit))
+        return out
+
+    def placement(self) -> dict[tuple[int, int], int] | None:
+        """(stage, microbatch) -> replica, greedy by predicted finish time over lanes; None without lanes.
+
+        Lane j given n micro-batches is predicted to finish at D_j + (n - 1) / (w_j * sum_i 1 / P_i):
+        D_j (s) is one micro-batch's F+B time through all of its replicas (fill and drain), and the
+        weighted rate reduces to 1 / P_j once the weights reach their target.
+        """
+        if not self.lanes:
+            return None
+        S, members, w = self.stages, self.lane_members(), self.weights
+        periods = [[self._period(k, members[k][j]) for k in range(S)] for j in range(self.lanes)]
+        rate = sum(1.0 / max(p) for p in periods)  # micro-batches/s of all lanes together
+        fill = [sum(p) for p in periods]
+        counts = [0] * self.lanes
+        place = {}
+        for m in range(self.microbatches):
+            j = min(range(self.lanes), key=lambda j: (fill[j] + counts[j] / (w[j] * rate), j))
+            counts[j] += 1
+            for k in range(S):
+                place[(k, m)] = members[k][j]
+        return place
+
+    def _warm_plan(self, step: int) -> Plan:
+        if self._warm is None:
+            from pdml_ray.pipeline.registry import make_scheduler
+
+            self._warm = make_scheduler(self.config.warm_start, stages=self.stages, replicas=self.replicas,
+                                        microbatches=self.microbatches, config=self.pipeline_config)
+        return dataclasses.replace(self._warm.plan(step), reorder=True, schedule=self.name)
+
+    def plan(self, step: int) -> Plan:
+        """The adaptive plan, or the warm-start plan when that is predicted (on the EMA costs) to be faster."""
+        warm = self._warm_plan(step)
+        if self.steps_observed == 0:
+            return warm
+        est = self.est
+
+        def cost(k: int, r: int, kind: Kind, m: int) -> float:
+            return est[k][r][0 if kind is F else 1]
+
+        orders, predicted = list_schedule(self.stages, self.replicas, self.microbatches, cost,
+                                          lambda k, kind, m: (0 if kind is B else 1, m), self.caps(),
+                                          placement=self.placement())
+        predicted_warm = in_order_makespan(warm.orders, self.stages, cost)
+        use_warm = predicted_warm < predicted
+        self.last_decision = {**self.last_decision, "predicted_makespan_s": predicted,
+                              "predicted_warm_start_s": predicted_warm,
+                              "chosen": "warm-start" if use_warm else "adaptive"}
+        if use_warm:
+            return warm
+        return Plan(self.stages, self.replicas, self.microbatches, orders, reorder=True,
+                    memory_limit=self.memory_limit, schedule=self.name)
+
+    # ---- replay --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"est": [[list(c) for c in row] for row in self.est], "measured": [list(r) for r in self.measured],
+                "weights": list(self.weights), "steps_observed": self.steps_observed,
+                "last_decision": dict(self.last_decision)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.est = [[[float(x) for x in c] for c in row] for row in state["est"]]
+        self.measured = [[bool(x) for x in row] for row in state["measured"]]
+        self.weights = [float(w) for w in state["weights"]]
+        self.steps_observed = int(state["steps_observed"])
+        self.last_decision = dict(state["last_decision"])

@@ -1,0 +1,223 @@
+"""Discrete-event simulator of a pipeline (stages x replicas) running any Plan through the Dispatcher.
+
+Cost of an action (seconds) on replica r of stage k at global step t:
+
+    base[k][kind] * mb_factor[m] * noise[k, kind, m] / speed[k][r] * drift[k][r](t)
+
+``mb_factor`` (per micro-batch cost variation, e.g. sequence length) and the lognormal ``noise`` are
+drawn from ``(seed, step)`` and do not depend on the replica or the schedule, so every schedule of one
+step sees the same work; ``drift`` is a per-replica log-normal random walk over steps. A forward's or
+backward's output reaches another stage ``transfer_s`` after it completes.
+
+Lower bound on a step's makespan (``lower_bound_s``), valid for any plan:
+* stage bound: stage k cannot start before the fastest forward chain reaches it (head_k: min over
+  micro-batches of the sum of the fastest replicas' F costs of stages < k, plus k transfers), and after
+  its last backward the fastest backward chain below it remains (tail_k, likewise). In between its
+  replicas together do at most sum_r speed_kr units of work per second, so the window is at least
+  W_k / sum_r speed_kr, with W_k the stage's total work at speed 1 (drift included in the speeds):
+  bound_k = head_k + W_k / sum_r speed_kr + tail_k.
+* chain bound: the longest micro-batch's F and B chain through all stages on the fastest replicas,
+  plus 2 (S - 1) transfers.
+lower_bound_s = max(max_k bound_k, chain bound).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from pdml_ray.errors import PlanError
+from pdml_ray.pipeline.dispatch import Dispatcher
+from pdml_ray.pipeline.plan import Kind, Measurement, Plan, PipelineScheduler
+
+F, B = Kind.FORWARD, Kind.BACKWARD
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterProfile:
+    """What the simulator emulates: stage costs, replica speeds, variation, noise, drift, links, memory."""
+
+    stages: int
+    replicas: tuple[int, ...]
+    forward_s: tuple[float, ...]
+    """Forward time per micro-batch at speed 1, per stage (seconds)."""
+    backward_s: tuple[float, ...]
+    """Backward time per micro-batch at speed 1, per stage (seconds)."""
+    speeds: tuple[tuple[float, ...], ...]
+    """Relative speed per stage per replica (1.0 nominal; 0.5 = twice as slow)."""
+    microbatch_cv: float = 0.0
+    """Relative std of per-micro-batch cost factors (drawn anew each step, shared by all stages)."""
+    noise_sigma: float = 0.0
+    """Sigma of the lognormal noise on every action's cost (mean-one)."""
+    drift_sigma: float = 0.0
+    """Per-step sigma of each replica's log-speed random walk."""
+    transfer_s: float = 0.0
+    """Seconds between an output completing and it being usable on the next (previous) stage."""
+    memory_limit: int | None = None
+    """Activation budget per replica; peaks above it count as memory violations."""
+
+    def __post_init__(self) -> None:
+        S = self.stages
+        if not (len(self.replicas) == len(self.forward_s) == len(self.backward_s) == len(self.speeds) == S):
+            raise ValueError(f"profile: replicas, forward_s, backward_s and speeds need one entry per stage ({S})")
+        for k in range(S):
+            if len(self.speeds[k]) != self.replicas[k] or min(self.speeds[k]) <= 0:
+                raise ValueError(f"profile: speeds[{k}] needs {self.replicas[k]} positive entries, got {self.speeds[k]}")
+
+    @classmethod
+    def build(cls, stages: int, replicas: int, *, profile: str = "homogeneous", forward_s: float = 1.0,
+              backward_s: float = 2.0, seed: int = 0, **overrides: Any) -> "ClusterProfile":
+        """Named profiles: 'homogeneous'; 'heterogeneous' (speeds uniform in [0.8, 1.2], and one replica
+        of the middle stage at half of that); 'noisy' (homogeneous + lognormal noise 0.2, per-micro-batch
+        variation 0.1, drift 0.05 per step)."""
+        rng = np.random.default_rng([seed, 7])
+        speeds = [[1.0] * replicas for _ in range(stages)]
+        extra: dict[str, Any] = {}
+        if profile == "heterogeneous":
+            speeds = rng.uniform(0.8, 1.2, size=(stages, replicas)).tolist()
+            speeds[stages // 2][0] *= 0.5
+        elif profile == "noisy":
+            extra = {"noise_sigma": 0.2, "microbatch_cv": 0.1, "drift_sigma": 0.05}
+        elif profile != "homogeneous":
+            raise ValueError(f"unknown profile {profile!r}; valid: ['heterogeneous', 'homogeneous', 'noisy']")
+        kwargs = dict(stages=stages, replicas=(replicas,) * stages, forward_s=(forward_s,) * stages,
+                      backward_s=(backward_s,) * stages, speeds=tuple(tuple(s) for s in speeds), **extra)
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+
+@dataclass
+class StepResult:
+    makespan_s: float
+    lower_bound_s: float
+    bubble_fraction: list[float]
+    """Per stage: 1 - busy time / (makespan x replicas)."""
+    peak_memory: dict[tuple[int, int], int]
+    memory_violations: int
+    """Replicas whose activation peak exceeded the profile's memory budget."""
+    measurements: list[Measurement] = field(repr=False)
+
+    @property
+    def total_bubble(self) -> float:
+        return float(np.mean(self.bubble_fraction))
+
+
+class PipelineSimulator:
+    def __init__(self, profile: ClusterProfile, seed: int = 0) -> None:
+        self.profile, self.seed = profile, seed
+        self._drift: list[np.ndarray] = [np.zeros(sum(profile.replicas))]  # log-speed offset per step
+
+    def _speeds(self, step: int) -> list[list[float]]:
+        p = self.profile
+        while len(self._drift) <= step:  # random walk, extended lazily so any step is reproducible
+            rng = np.random.default_rng([self.seed, 11, len(self._drift)])
+            self._drift.append(self._drift[-1] + rng.normal(0.0, p.drift_sigma, size=self._drift[0].shape))
+        flat, out, i = self._drift[step], [], 0
+        for k in range(p.stages):
+            out.append([p.speeds[k][r] * math.exp(flat[i + r]) for r in range(p.replicas[k])])
+            i += p.replicas[k]
+        return out
+
+    def work(self, step: int, microbatches: int) -> np.ndarray:
+        """(stages, 2, microbatches) seconds of work at speed 1 for F (index 0) and B (index 1)."""
+        p = self.profile
+        rng = np.random.default_rng([self.seed, 13, step])
+        mb = np.maximum(rng.normal(1.0, p.microbatch_cv, size=microbatches), 0.2) if p.microbatch_cv else \
+            np.ones(microbatches)
+        # Mean-one lognormal: exp(N(-sigma^2/2, sigma)).
+        noise = rng.lognormal(-p.noise_sigma**2 / 2, p.noise_sigma, size=(p.stages, 2, microbatches)) \
+            if p.noise_sigma else np.ones((p.stages, 2, microbatches))
+        base = np.stack([np.asarray(p.forward_s), np.asarray(p.backward_s)], axis=1)[:, :, None]
+        return base * mb[None, None, :] * noise
+
+    def lower_bound(self, step: int, microbatches: int) -> float:
+        p, S = self.profile, self.profile.stages
+        w, speeds = self.work(step, microbatches), self._speeds(step)
+        fastest = np.array([max(s) for s in speeds])[:, None]  # (S, 1)
+        f_fast, b_fast = w[:, 0, :] / fastest, w[:, 1, :] / fastest  # (S, M) seconds on the fastest replica
+        f_prefix = np.vstack([np.zeros(microbatches), np.cumsum(f_fast, axis=0)])  # (S+1, M)
+        b_prefix = np.vstack([np.zeros(microbatches), np.cumsum(b_fast, axis=0)])
+        chain = float((f_prefix[S] + b_prefix[S]).max() + 2 * (S - 1) * p.transfer_s)
+        stage = max(float(f_prefix[k].min() + b_prefix[k].min() + 2 * k * p.transfer_s
+                          + w[k].sum() / sum(speeds[k])) for k in range(S))
+        return max(stage, chain)
+
+    def run_step(self, plan: Plan, step: int = 0) -> StepResult:
+        """Run one global step of ``plan``; every idle replica asks the Dispatcher what to start."""
+        p = self.profile
+        if plan.num_stages != p.stages or tuple(plan.replicas) != tuple(p.replicas):
+            raise PlanError(f"plan is for {plan.num_stages} stages x {plan.replicas}, the profile for "
+                            f"{p.stages} x {p.replicas}")
+        d = Dispatcher(plan, transfer_s=p.transfer_s)
+        w, speeds, transfer = self.work(step, plan.num_microbatches).tolist(), self._speeds(step), p.transfer_s
+        busy_until: dict[tuple[int, int], float] = {key: -1.0 for key in plan.orders}
+        busy_total = {key: 0.0 for key in plan.orders}
+        measurements: list[Measurement] = []
+        events: list[tuple[float, int, Any]] = []  # (t, seq, action or None for a wake-up, replica key)
+        seq, now = 0, 0.0
+        wake = sorted(plan.orders)
+        while True:
+            for key in wake:
+                if busy_until[key] > now:
+                    continue
+                a = d.next_action(key[0], key[1], now)
+                if a is None:
+                    continue
+                d.start(a)
+                cost = w[a.stage][0 if a.kind is F else 1][a.microbatch] / speeds[a.stage][a.replica]
+                busy_until[key] = now + cost
+                busy_total[key] += cost
+                measurements.append(Measurement(a.stage, a.replica, a.kind, a.microbatch, cost))
+                heapq.heappush(events, (now + cost, seq, a, key))
+                seq += 1
+            if not events:
+                break
+            now = events[0][0]
+            wake = []
+            while events and events[0][0] <= now:
+                _, _, a, key = heapq.heappop(events)
+                wake.append(key)
+                if a is None:
+                    continue
+                d.complete(a, at=now)
+                for dep in d.dependants(a):
+                    dkey = (dep.stage, dep.replica)
+                    if dep.stage == a.stage or transfer == 0.0:
+                        wake.append(dkey)
+                    else:
+                        heapq.heappush(events, (now + transfer, seq, None, dkey))
+                        seq += 1
+        if not d.done():
+            raise PlanError(f"simulation stalled at t={now:.4g}s with work left (plan {plan.schedule!r})")
+        makespan = max(busy_until.values())
+        bubble = [1.0 - sum(busy_total[(k, r)] for r in range(p.replicas[k])) / (makespan * p.replicas[k])
+                  for k in range(p.stages)]
+        peak = dict(d.peak_in_flight)
+        budget = p.memory_limit if p.memory_limit is not None else math.inf
+        return StepResult(makespan_s=makespan, lower_bound_s=self.lower_bound(step, plan.num_microbatches),
+                          bubble_fraction=bubble, peak_memory=peak,
+                          memory_violations=sum(1 for v in peak.values() if v > budget), measurements=measurements)
+
+
+def simulate_schedule(scheduler: PipelineScheduler, simulator: PipelineSimulator, steps: int,
+                      *, check: bool = False) -> list[StepResult]:
+    """Plan, run and feed back ``steps`` global steps; ``check`` validates every plan first."""
+    from pdml_ray.pipeline.plan import validate
+
+    results = []
+    for step in range(steps):
+        plan = scheduler.plan(step)
+        if check:
+            validate(plan)
+        result = simulator.run_step(plan, step)
+        scheduler.observe(result.measurements)
+        results.append(result)
+    return results
+
+
+def profile_speeds(profile: ClusterProfile) -> Sequence[Sequence[float]]:
+    return profile.speeds
