@@ -1,0 +1,99 @@
+"""The Ray-actor pipeline runtime: exact numerics under every schedule, and osprey adapting to a slow replica.
+
+One module, one local Ray cluster (``ray_local``), one runtime of 3 stages x 2 replicas reused by all
+tests (actor start-up is the expensive part on 2 cores).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from pdml_ray.pipeline.plan import Kind
+from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
+from pdml_ray.runtime.pipeline import PipelineRuntime
+
+pytestmark = pytest.mark.ray
+
+STAGES, REPLICAS, MICROBATCHES, LR = 3, 2, 6, 0.1
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    # Parameter-balanced into [Linear Tanh] [Linear Tanh] [Linear Tanh Linear]; ~1 ms per action on a CPU,
+    # so that an emulated slow replica's latency stands out from scheduling noise.
+    return nn.Sequential(nn.Linear(32, 192), nn.Tanh(), nn.Linear(192, 192), nn.Tanh(),
+                         nn.Linear(192, 192), nn.Tanh(), nn.Linear(192, 8))
+
+
+@pytest.fixture(scope="module")
+def runtime(ray_local):
+    rt = PipelineRuntime(_model(), STAGES, REPLICAS, nn.MSELoss(), lr=LR)
+    yield rt
+    rt.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference_step():
+    """Parameters after one SGD step of the unsplit model on the whole batch, in one process."""
+    model = _model()
+    initial = [p.detach().clone() for p in model.parameters()]
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4 * MICROBATCHES, 32, generator=g), torch.randn(4 * MICROBATCHES, 8, generator=g)
+    loss = nn.MSELoss()(model(x), y)
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=LR).step()
+    return initial, x, y, float(loss.detach()), [p.detach().clone() for p in model.parameters()]
+
+
+def test_runtime_splits_the_model_by_parameters(runtime):
+    assert runtime.stage_sizes == [2, 2, 3]
+    assert runtime.replicas == (2, 2, 2)
+    assert [p.shape for p in runtime.parameters()] == [p.shape for p in _model().parameters()]
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
+def test_one_step_equals_the_unsplit_model_under_every_schedule(runtime, reference_step, schedule):
+    initial, x, y, ref_loss, ref_params = reference_step
+    runtime.set_parameters(initial)
+    scheduler = make_scheduler(schedule, stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    result = runtime.run_step(scheduler, x, y, step=0)
+
+    assert result.loss == pytest.approx(ref_loss, rel=1e-5)
+    # Every micro-batch ran forward and backward exactly once on every stage.
+    for kind in Kind:
+        done = sorted((m.stage, m.microbatch) for m in result.measurements if m.kind is kind)
+        assert done == [(k, mb) for k in range(STAGES) for mb in range(MICROBATCHES)]
+    assert sum(result.forward_counts.values()) == STAGES * MICROBATCHES
+    assert all(m.latency_s > 0 for m in result.measurements)
+
+    for got, want in zip(runtime.parameters(), ref_params, strict=True):
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    assert runtime.replicas_identical()
+
+
+def test_osprey_moves_work_away_from_a_slow_replica(runtime, reference_step):
+    initial, x, y, _, _ = reference_step
+    runtime.set_parameters(initial)
+    slow = (1, 1)
+    runtime.set_speed(*slow, 0.2)  # EMULATED: sleeps 4x its compute after every action
+    try:
+        scheduler = make_scheduler("osprey", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+        results = [runtime.run_step(scheduler, x, y, step=s) for s in range(4)]
+    finally:
+        runtime.set_speed(*slow, 1.0)
+
+    # The emulated slowdown is visible in the measured latencies the scheduler learns from ...
+    slow_lat = [m.latency_s for r in results for m in r.measurements if (m.stage, m.replica) == slow]
+    fast_lat = [m.latency_s for r in results for m in r.measurements if (m.stage, m.replica) == (1, 0)]
+    assert slow_lat and fast_lat
+    assert sorted(slow_lat)[len(slow_lat) // 2] > 2 * sorted(fast_lat)[len(fast_lat) // 2]
+    # ... and osprey acts on it: after learning, the slow replica gets fewer micro-batches than its peer
+    # (a static schedule splits them evenly, MICROBATCHES // 2 each).
+    last = results[-1].forward_counts
+    assert last[slow] < MICROBATCHES // 2 < last[(1, 0)], [r.forward_counts for r in results]
+    assert last[slow] + last[(1, 0)] == MICROBATCHES
+    assert runtime.replicas_identical()  # replicas of a stage stay identical whatever the assignment
