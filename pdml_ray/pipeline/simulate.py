@@ -69,25 +69,29 @@ class ClusterProfile:
                 raise ValueError(f"profile: speeds[{k}] needs {self.replicas[k]} positive entries, got {self.speeds[k]}")
 
     @classmethod
-    def build(cls, stages: int, replicas: int, *, profile: str = "homogeneous", forward_s: float = 1.0,
-              backward_s: float = 2.0, seed: int = 0, **overrides: Any) -> "ClusterProfile":
-        """Named profiles: 'homogeneous'; 'heterogeneous' (speeds uniform in [0.8, 1.2], and one replica
-        of the middle stage at half of that); 'noisy' (homogeneous + lognormal noise 0.2, per-micro-batch
-        variation 0.1, drift 0.05 per step)."""
+    def build(cls, stages: int, replicas: int | Sequence[int], *, profile: str = "homogeneous",
+              forward_s: float = 1.0, backward_s: float = 2.0, seed: int = 0, **overrides: Any) -> "ClusterProfile":
+        """Named profiles: 'homogeneous'; 'heterogeneous' (speeds uniform in [0.8, 1.2], and replica 0 of
+        the middle stage at half of that); 'noisy' (homogeneous + lognormal noise sigma 0.2, per-micro-batch
+        variation 0.1, drift 0.05 per step). ``overrides`` replace any field."""
+        reps = (replicas,) * stages if isinstance(replicas, int) else tuple(int(r) for r in replicas)
         rng = np.random.default_rng([seed, 7])
-        speeds = [[1.0] * replicas for _ in range(stages)]
+        speeds = [[1.0] * reps[k] for k in range(stages)]
         extra: dict[str, Any] = {}
         if profile == "heterogeneous":
-            speeds = rng.uniform(0.8, 1.2, size=(stages, replicas)).tolist()
+            speeds = [rng.uniform(0.8, 1.2, size=reps[k]).tolist() for k in range(stages)]
             speeds[stages // 2][0] *= 0.5
         elif profile == "noisy":
             extra = {"noise_sigma": 0.2, "microbatch_cv": 0.1, "drift_sigma": 0.05}
         elif profile != "homogeneous":
-            raise ValueError(f"unknown profile {profile!r}; valid: ['heterogeneous', 'homogeneous', 'noisy']")
-        kwargs = dict(stages=stages, replicas=(replicas,) * stages, forward_s=(forward_s,) * stages,
+            raise ValueError(f"unknown profile {profile!r}; valid: {list(PROFILES)}")
+        kwargs = dict(stages=stages, replicas=reps, forward_s=(forward_s,) * stages,
                       backward_s=(backward_s,) * stages, speeds=tuple(tuple(s) for s in speeds), **extra)
         kwargs.update(overrides)
         return cls(**kwargs)
+
+
+PROFILES = ("homogeneous", "heterogeneous", "noisy")
 
 
 @dataclass
@@ -219,5 +223,26 @@ def simulate_schedule(scheduler: PipelineScheduler, simulator: PipelineSimulator
     return results
 
 
-def profile_speeds(profile: ClusterProfile) -> Sequence[Sequence[float]]:
-    return profile.speeds
+def compare_in_simulation(profile: ClusterProfile, microbatches: int, schedules: Sequence[str], *, steps: int,
+                          config: Any = None, seed: int = 0, check: bool = True) -> dict[str, dict[str, Any]]:
+    """Run every schedule for ``steps`` global steps on the same simulated cluster (same noise per step).
+
+    Per schedule: per-step makespans (s), mean bubble fractions, lower bounds (s), peak activations per
+    replica, memory violations, and the scheduler's last decision (auto's choice and reason).
+    """
+    from pdml_ray.pipeline.registry import make_scheduler
+
+    out: dict[str, dict[str, Any]] = {}
+    for name in schedules:
+        scheduler = make_scheduler(name, stages=profile.stages, replicas=profile.replicas,
+                                   microbatches=microbatches, config=config)
+        results = simulate_schedule(scheduler, PipelineSimulator(profile, seed), steps, check=check)
+        peak = {f"s{k}r{r}": max(res.peak_memory[(k, r)] for res in results) for (k, r) in results[0].peak_memory}
+        out[name] = {"makespan_s": [r.makespan_s for r in results],
+                     "bubble_fraction": [r.total_bubble for r in results],
+                     "bubble_per_stage": results[-1].bubble_fraction,
+                     "lower_bound_s": [r.lower_bound_s for r in results],
+                     "peak_memory": peak, "memory_violations": sum(r.memory_violations for r in results),
+                     "decision": dict(getattr(scheduler, "last_decision", {}) or {}),
+                     "last_plan": scheduler.plan(steps)}
+    return out
