@@ -1,0 +1,143 @@
+"""Osprey (EMA, lanes, re-weighting, memory, warm start), the auto rule, replay, and their configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdml_ray.config import OspreyConfig, PipelineConfig
+from pdml_ray.errors import ConfigError, PlanError
+from pdml_ray.pipeline.auto import AutoScheduler, latency_dispersion
+from pdml_ray.pipeline.osprey import OspreyScheduler
+from pdml_ray.pipeline.plan import Kind, Measurement, validate
+from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.replay import RecordingScheduler, replay, replay_step
+from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, simulate_schedule
+
+F, B = Kind.FORWARD, Kind.BACKWARD
+
+
+def test_ema_first_measurement_replaces_prior_then_blends() -> None:
+    o = OspreyScheduler(stages=1, replicas=(2,), microbatches=2, config=OspreyConfig(ema_alpha=0.25, stale_relax=0.5))
+    o.observe([Measurement(0, 0, F, 0, 2.0), Measurement(0, 0, F, 1, 4.0), Measurement(0, 0, B, 0, 6.0),
+               Measurement(0, 1, F, 0, 1.0), Measurement(0, 1, B, 0, 2.0)])
+    assert o.est[0][0] == [3.0, 6.0] and o.est[0][1] == [1.0, 2.0]
+    o.observe([Measurement(0, 0, F, 0, 7.0), Measurement(0, 0, B, 0, 10.0)])
+    assert o.est[0][0] == [0.75 * 3.0 + 0.25 * 7.0, 0.75 * 6.0 + 0.25 * 10.0]
+    # Replica 1 was not measured: it moves half way (stale_relax) towards the stage's fastest estimate.
+    assert o.est[0][1] == [1.0, 2.0]  # it is the fastest, so it stays
+
+
+def test_slow_replica_gets_fewer_microbatches_and_weights_follow_speed() -> None:
+    profile = ClusterProfile.build(3, 2, speeds=((1.0, 1.0), (1.0, 0.5), (1.0, 1.0)))
+    o = OspreyScheduler(stages=3, replicas=(2, 2, 2), microbatches=12, config=PipelineConfig(memory_limit=3))
+    simulate_schedule(o, PipelineSimulator(profile), 2)
+    counts = [sum(1 for a in o.plan(2).orders[(1, r)] if a.kind is F) for r in range(2)]
+    assert counts[1] < counts[0] and sum(counts) == 12
+    # Lane 0 = the fast replicas, period 3 s; lane 1 holds the slow one, period 6 s: shares 2/3 and 1/3.
+    assert o.last_decision["lane_period_s"] == pytest.approx([3.0, 6.0])
+    assert o.weights == pytest.approx([2 / 3, 1 / 3])
+    assert o.last_decision["lane_bottleneck_stage"][1] == 1
+
+
+def test_momentum_and_rebalance_threshold() -> None:
+    o = OspreyScheduler(stages=1, replicas=(2,), microbatches=4, config=OspreyConfig(momentum=0.5, rebalance_threshold=0.0))
+    o.observe([Measurement(0, 0, F, 0, 1.0), Measurement(0, 0, B, 0, 2.0),
+               Measurement(0, 1, F, 0, 1.0), Measurement(0, 1, B, 0, 2.0)])
+    assert o.weights == pytest.approx([0.5, 0.5])  # first adaptive step: straight to target
+    o.observe([Measurement(0, 1, F, 0, 5.0), Measurement(0, 1, B, 0, 10.0)])  # replica 1 now 3x slower (EMA 0.5)
+    # EMA: replica 1 period = 0.5 * 3 + 0.5 * 15 = 9 s; target shares (1/3, 1/9) normalised = (0.75, 0.25).
+    assert o.weights == pytest.approx([0.5 * 0.5 + 0.5 * 0.75, 0.5 * 0.5 + 0.5 * 0.25])
+    sticky = OspreyScheduler(stages=1, replicas=(2,), microbatches=4, config=OspreyConfig(rebalance_threshold=0.2))
+    sticky.observe([Measurement(0, 0, F, 0, 1.0), Measurement(0, 1, F, 0, 1.0)])
+    sticky.observe([Measurement(0, 1, F, 0, 1.3)])
+    assert sticky.weights == pytest.approx([0.5, 0.5]) and sticky.last_decision["rebalanced"] is False
+
+
+def test_warm_start_is_the_static_plan_with_reordering() -> None:
+    o = make_scheduler("osprey", stages=3, replicas=2, microbatches=6)
+    static = make_scheduler("1f1b", stages=3, replicas=2, microbatches=6).plan(0)
+    plan = o.plan(0)
+    assert plan.orders == static.orders and plan.reorder is True and plan.schedule == "osprey"
+
+
+def test_osprey_beats_1f1b_on_heterogeneous_replicas() -> None:
+    profile = ClusterProfile.build(4, 4, profile="heterogeneous", memory_limit=4)
+    config = PipelineConfig(memory_limit=4)
+    res = {}
+    for name in ("1f1b", "osprey"):
+        s = make_scheduler(name, stages=4, replicas=4, microbatches=16, config=config)
+        res[name] = [r.makespan_s for r in simulate_schedule(s, PipelineSimulator(profile), 4, check=True)]
+    assert res["osprey"][0] == res["1f1b"][0]  # warm start
+    assert res["osprey"][-1] < 0.8 * res["1f1b"][-1]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5])
+def test_memory_limit_never_exceeded(limit: int) -> None:
+    profile = ClusterProfile.build(4, 2, profile="noisy", speeds=((1, 1), (1, 0.4), (1, 1), (0.7, 1)), memory_limit=limit)
+    for name in ("osprey", "auto"):
+        s = make_scheduler(name, stages=4, replicas=2, microbatches=12, config=PipelineConfig(memory_limit=limit))
+        for r in simulate_schedule(s, PipelineSimulator(profile, seed=3), 4, check=True):
+            assert r.memory_violations == 0
+            assert max(r.peak_memory.values()) <= limit
+
+
+def test_auto_chooses_static_on_a_uniform_cluster() -> None:
+    auto = AutoScheduler(stages=4, replicas=(2,) * 4, microbatches=16)
+    assert auto.last_decision["choice"] == "static" and "no measurements" in auto.last_decision["reason"]
+    simulate_schedule(auto, PipelineSimulator(ClusterProfile.build(4, 2)), 2)
+    d = auto.last_decision
+    assert d["choice"] == "static" and d["dispersion"] == 0.0
+    assert d["predicted_static_bubble"] == pytest.approx(3 / 11)  # 1F1B, 8 micro-batches per lane
+    assert auto.plan(2).schedule == "1f1b"
+
+
+def test_auto_chooses_osprey_on_dispersion_and_on_bubble() -> None:
+    hetero = AutoScheduler(stages=4, replicas=(2,) * 4, microbatches=16)
+    simulate_schedule(hetero, PipelineSimulator(ClusterProfile.build(4, 2, speeds=((1, 1), (1, 0.5), (1, 1), (1, 1)))), 2)
+    assert hetero.last_decision["choice"] == "osprey" and "dispersion" in hetero.last_decision["reason"]
+    assert hetero.plan(2).schedule == "osprey"
+    # One replica per stage, 8 stages, 4 micro-batches: 1F1B's bubble is 7/11 > 30%.
+    bubbly = AutoScheduler(stages=8, replicas=(1,) * 8, microbatches=4)
+    simulate_schedule(bubbly, PipelineSimulator(ClusterProfile.build(8, 1)), 2)
+    assert bubbly.last_decision["choice"] == "osprey" and "bubble" in bubbly.last_decision["reason"]
+    assert bubbly.last_decision["predicted_static_bubble"] == pytest.approx(7 / 11)
+
+
+def test_latency_dispersion_is_coefficient_of_variation() -> None:
+    assert latency_dispersion([[[1.0, 2.0], [2.0, 4.0]], [[1.0, 1.0]]]) == pytest.approx(1.5 / 4.5)
+
+
+@pytest.mark.parametrize("name", ["osprey", "auto", "critical-path"])
+def test_replay_reproduces_every_plan_exactly(name: str) -> None:
+    config = PipelineConfig(memory_limit=3)
+    scheduler = make_scheduler(name, stages=3, replicas=2, microbatches=8, config=config)
+    rec = RecordingScheduler(scheduler, stages=3, replicas=2, microbatches=8, config=config)
+    profile = ClusterProfile.build(3, 2, profile="noisy", speeds=((1, 0.6), (1, 1), (0.8, 1)), memory_limit=3)
+    simulate_schedule(rec, PipelineSimulator(profile, seed=5), 5)
+    log = json.loads(rec.to_json())  # through JSON, as it would be stored
+    plans = replay(log)
+    assert [p.to_dict() for p in plans] == [r["plan"] for r in log["steps"]]
+    assert replay_step(log, 3).to_dict() == log["steps"][3]["plan"]
+    assert all("measurements" in r and "decision" in r for r in log["steps"])
+    # A tampered measurement changes later plans, and replay says where.
+    if name == "osprey":
+        log["steps"][1]["measurements"][0][4] *= 50.0
+        with pytest.raises(PlanError, match="replay diverged at step 2"):
+            replay(log)
+
+
+def test_configs_reject_bad_values_with_fixes() -> None:
+    with pytest.raises(ConfigError, match=r"osprey.ema_alpha must be in \(0, 1\]"):
+        OspreyConfig(ema_alpha=0.0)
+    with pytest.raises(ConfigError, match="osprey.momentum"):
+        OspreyConfig(momentum=1.0)
+    with pytest.raises(ConfigError, match="pipeline.schedule must be one of"):
+        PipelineConfig(schedule="pipedream")
+    with pytest.raises(ConfigError, match="pipeline.memory_limit must be an integer >= 1"):
+        PipelineConfig(memory_limit=0)
+    with pytest.raises(ConfigError, match=r"pipeline.stage_costs\[1\]"):
+        PipelineConfig(stage_costs=[(1.0, 2.0), (1.0, -1.0)])
+    assert PipelineConfig().auto_dispersion_threshold == 0.05 and PipelineConfig().auto_bubble_threshold == 0.30
+    validate(make_scheduler("osprey", stages=2, replicas=1, microbatches=2).plan(0))

@@ -1,0 +1,100 @@
+"""Static schedules and the registry: validity everywhere, textbook bubbles and memory, CP priorities."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdml_ray.config import PipelineConfig
+from pdml_ray.pipeline.listsched import in_order_makespan, round_robin
+from pdml_ray.pipeline.plan import Kind, validate
+from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
+from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
+from pdml_ray.pipeline.static import critical_path_ranks
+
+F, B = Kind.FORWARD, Kind.BACKWARD
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=5), st.integers(1, 12),
+       st.one_of(st.none(), st.integers(1, 6)), st.sampled_from(sorted(SCHEDULERS)))
+def test_every_schedule_is_valid(replicas: list[int], microbatches: int, limit: int | None, name: str) -> None:
+    stages = len(replicas)
+    config = PipelineConfig(memory_limit=limit)
+    scheduler = make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches, config=config)
+    profile = ClusterProfile.build(stages, replicas, profile="heterogeneous", seed=microbatches, memory_limit=limit)
+    sim = PipelineSimulator(profile, seed=1)
+    for step in range(3):  # step 0 is the warm start; later steps use measurements (osprey, auto)
+        plan = scheduler.plan(step)
+        validate(plan)
+        assert plan.memory_limit == limit
+        result = sim.run_step(plan, step)
+        assert result.memory_violations == 0
+        assert len(result.measurements) == 2 * stages * microbatches
+        scheduler.observe(result.measurements)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(2, 1), (4, 8), (4, 16), (8, 3), (5, 32)])
+def test_bubble_formula_equal_costs_one_replica(name: str, stages: int, microbatches: int) -> None:
+    # f = b = 1 s: every stage is busy 2m of the 2(m + p - 1) seconds, bubble (p-1)/(m+p-1).
+    profile = ClusterProfile.build(stages, 1, forward_s=1.0, backward_s=1.0)
+    plan = make_scheduler(name, stages=stages, replicas=1, microbatches=microbatches).plan(0)
+    result = PipelineSimulator(profile).run_step(plan)
+    expected = (stages - 1) / (microbatches + stages - 1)
+    assert result.makespan_s == pytest.approx(2 * (microbatches + stages - 1))
+    for bubble in result.bubble_fraction:
+        assert bubble == pytest.approx(expected)
+
+
+def test_1f1b_holds_stages_minus_k_activations_gpipe_holds_all() -> None:
+    S, M = 4, 10
+    profile = ClusterProfile.build(S, 1)
+    one = PipelineSimulator(profile).run_step(make_scheduler("1f1b", stages=S, replicas=1, microbatches=M).plan(0))
+    gp = PipelineSimulator(profile).run_step(make_scheduler("gpipe", stages=S, replicas=1, microbatches=M).plan(0))
+    assert [one.peak_memory[(k, 0)] for k in range(S)] == [4, 3, 2, 1]
+    assert [gp.peak_memory[(k, 0)] for k in range(S)] == [M] * S
+
+
+def test_gpipe_under_memory_limit_runs_in_rounds() -> None:
+    plan = make_scheduler("gpipe", stages=3, replicas=2, microbatches=10, config=PipelineConfig(memory_limit=2)).plan(0)
+    validate(plan)
+    # Rounds of 2 x 2 = 4 micro-batches: replica 0 of stage 0 runs F0 F2 B0 B2, then F4 F6 ...
+    assert [str(a) for a in plan.orders[(0, 0)][:6]] == ["s0r0F0", "s0r0F2", "s0r0B0", "s0r0B2", "s0r0F4", "s0r0F6"]
+
+
+def test_static_schedules_assign_round_robin() -> None:
+    for name in ("gpipe", "1f1b", "critical-path"):
+        plan = make_scheduler(name, stages=3, replicas=(2, 3, 1), microbatches=7).plan(0)
+        assert dict(plan.placement) == round_robin(3, (2, 3, 1), 7)
+        assert plan.reorder is False
+
+
+def test_critical_path_ranks_are_remaining_chain_seconds() -> None:
+    rank_f, rank_b = critical_path_ranks([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], transfer_s=0.5)
+    # B at stage k: b_0..b_k plus k transfers; F at stage k: f_k.. + all b + transfers to the end.
+    assert rank_b == [4.0, 9.5, 16.0]
+    assert rank_f == [1 + 2 + 3 + 16.0 + 2 * 0.5, 2 + 3 + 16.0 + 0.5, 3 + 16.0]
+
+
+def test_critical_path_uses_measured_costs() -> None:
+    cp = make_scheduler("critical-path", stages=2, replicas=1, microbatches=2)
+    from pdml_ray.pipeline.plan import Measurement
+
+    cp.observe([Measurement(0, 0, F, 0, 3.0), Measurement(0, 0, F, 1, 5.0), Measurement(1, 0, B, 0, 7.0)])
+    assert cp.forward_s == [4.0, 1.0] and cp.backward_s == [2.0, 7.0]
+
+
+def test_in_order_makespan_matches_simulator() -> None:
+    profile = ClusterProfile.build(4, 2, profile="heterogeneous", transfer_s=0.25)
+    plan = make_scheduler("1f1b", stages=4, replicas=2, microbatches=9).plan(0)
+    speeds = profile.speeds
+    predicted = in_order_makespan(plan.orders, 4, lambda k, r, kind, m: (1.0 if kind is F else 2.0) / speeds[k][r],
+                                  transfer_s=0.25)
+    assert predicted == pytest.approx(PipelineSimulator(profile).run_step(plan).makespan_s)
+
+
+def test_unknown_schedule_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match=r"unknown pipeline schedule 'pipedream'.*'1f1b'.*'osprey'"):
+        make_scheduler("pipedream", stages=2, replicas=1, microbatches=2)

@@ -1,0 +1,114 @@
+"""The discrete-event simulator: costs, transfer, lower bound, memory accounting, determinism, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdml_ray.config import PipelineConfig
+from pdml_ray.pipeline.plan import Kind
+from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, compare_in_simulation
+
+F, B = Kind.FORWARD, Kind.BACKWARD
+
+
+def test_single_microbatch_chain_with_transfer() -> None:
+    # One micro-batch through S stages and back: S forwards, S backwards, 2 (S - 1) transfers.
+    S = 4
+    profile = ClusterProfile.build(S, 1, forward_s=1.0, backward_s=2.0, transfer_s=0.5)
+    result = PipelineSimulator(profile).run_step(make_scheduler("1f1b", stages=S, replicas=1, microbatches=1).plan(0))
+    assert result.makespan_s == pytest.approx(S * 3.0 + 2 * (S - 1) * 0.5)
+    assert result.lower_bound_s == pytest.approx(result.makespan_s)
+
+
+def test_measured_latency_is_work_over_speed() -> None:
+    profile = ClusterProfile.build(2, 2, speeds=((1.0, 0.5), (0.25, 1.0)))
+    result = PipelineSimulator(profile).run_step(make_scheduler("gpipe", stages=2, replicas=2, microbatches=4).plan(0))
+    by_key = {(x.stage, x.replica, x.kind): x.latency_s for x in result.measurements}
+    assert by_key[(0, 1, F)] == pytest.approx(2.0) and by_key[(0, 1, B)] == pytest.approx(4.0)
+    assert by_key[(1, 0, F)] == pytest.approx(4.0) and by_key[(1, 1, B)] == pytest.approx(2.0)
+
+
+def test_lower_bound_is_tight_for_1f1b_on_uniform_replicas() -> None:
+    # (M/R + S - 1)(f + b): the stage bound of the last stage.
+    profile = ClusterProfile.build(8, 4)
+    result = PipelineSimulator(profile).run_step(make_scheduler("1f1b", stages=8, replicas=4, microbatches=64).plan(0))
+    assert result.lower_bound_s == pytest.approx((64 / 4 + 7) * 3.0)
+    assert result.makespan_s == pytest.approx(result.lower_bound_s)
+
+
+def test_lower_bound_counts_aggregate_replica_speed() -> None:
+    # Stage 1 has speeds 1 and 0.5: 10 micro-batches x 3 s of work / 1.5 = 20 s, plus head 1 s and tail 2 s.
+    profile = ClusterProfile.build(2, 2, speeds=((1.0, 1.0), (1.0, 0.5)))
+    assert PipelineSimulator(profile).lower_bound(0, 10) == pytest.approx(1.0 + 20.0 + 2.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 10), st.sampled_from(["homogeneous", "heterogeneous", "noisy"]),
+       st.sampled_from(["gpipe", "1f1b", "critical-path", "osprey"]), st.floats(0.0, 0.5))
+def test_no_schedule_beats_the_lower_bound(stages: int, replicas: int, microbatches: int, profile_name: str,
+                                           name: str, transfer: float) -> None:
+    profile = ClusterProfile.build(stages, replicas, profile=profile_name, transfer_s=transfer, seed=microbatches)
+    sim = PipelineSimulator(profile, seed=2)
+    scheduler = make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches)
+    for step in range(3):
+        result = sim.run_step(scheduler.plan(step), step)
+        assert result.makespan_s >= result.lower_bound_s * (1 - 1e-9)
+        assert all(0.0 <= b < 1.0 for b in result.bubble_fraction)
+        scheduler.observe(result.measurements)
+
+
+def test_noise_is_seeded_and_shared_by_all_schedules() -> None:
+    profile = ClusterProfile.build(3, 2, profile="noisy")
+    a, b = PipelineSimulator(profile, seed=4), PipelineSimulator(profile, seed=4)
+    assert (a.work(3, 8) == b.work(3, 8)).all() and a._speeds(5) == b._speeds(5)
+    assert not (a.work(3, 8) == PipelineSimulator(profile, seed=5).work(3, 8)).all()
+    plan = make_scheduler("1f1b", stages=3, replicas=2, microbatches=8).plan(0)
+    assert a.run_step(plan, 3).makespan_s == b.run_step(plan, 3).makespan_s
+
+
+def test_memory_budget_violations_are_counted() -> None:
+    # GPipe without a plan limit holds all 6 activations; the hardware budget is 2 per replica.
+    profile = ClusterProfile.build(2, 1, memory_limit=2)
+    result = PipelineSimulator(profile).run_step(make_scheduler("gpipe", stages=2, replicas=1, microbatches=6).plan(0))
+    assert result.memory_violations == 2 and result.peak_memory[(0, 0)] == 6
+    ok = make_scheduler("gpipe", stages=2, replicas=1, microbatches=6, config=PipelineConfig(memory_limit=2)).plan(0)
+    assert PipelineSimulator(profile).run_step(ok).memory_violations == 0
+
+
+def test_profile_checks_shapes() -> None:
+    with pytest.raises(ValueError, match="speeds\\[1\\] needs 2 positive entries"):
+        ClusterProfile.build(2, 2, speeds=((1.0, 1.0), (1.0,)))
+    with pytest.raises(ValueError, match="unknown profile"):
+        ClusterProfile.build(2, 2, profile="bursty")
+
+
+def test_compare_in_simulation_reports_every_schedule() -> None:
+    profile = ClusterProfile.build(3, 2, profile="heterogeneous", memory_limit=3)
+    out = compare_in_simulation(profile, 6, ["gpipe", "1f1b", "osprey", "auto"], steps=3,
+                                config=PipelineConfig(memory_limit=3))
+    assert set(out) == {"gpipe", "1f1b", "osprey", "auto"}
+    for r in out.values():
+        assert len(r["makespan_s"]) == 3 and r["memory_violations"] == 0
+    assert out["auto"]["decision"]["choice"] in ("static", "osprey") and out["auto"]["decision"]["reason"]
+
+
+def test_simulate_cli_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from pdml_ray.cli import main
+
+    assert main(["simulate", "--stages", "3", "--replicas", "2", "--microbatches", "6", "--steps", "3",
+                 "--slow", "1:0=0.5", "--show-plan", "--schedules", "1f1b,osprey"]) == 0
+    out = capsys.readouterr().out
+    assert "1f1b" in out and "osprey" in out and "x lower_bound" in out
+    assert "[[1.0, 1.0], [0.5, 1.0], [1.0, 1.0]]" in out  # the --slow override reached the profile
+    assert "step  0: s0r0F0" in out  # --show-plan grid
+
+
+def test_dataclass_replace_keeps_profile_valid() -> None:
+    profile = ClusterProfile.build(2, 1)
+    with pytest.raises(ValueError):
+        dataclasses.replace(profile, speeds=((1.0,), (0.0,)))
