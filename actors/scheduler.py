@@ -16,16 +16,23 @@ class MeteredScheduler(Scheduler):
     def __init__(self, config: PDMLConfig, num_workers: int):
         super().__init__(config, num_workers)
         self.gauges = PriorityGauges(config.scheduler_name)
-        self.gauges.export(self.stats())
+        self.registered: set[int] = set()
 
     def register(self, worker_id: int, accelerator_type: str):
         decision = super().register(worker_id, accelerator_type)
-        self.gauges.export(self.stats())
+        self.registered.add(worker_id)
+        self._export()
         return decision
 
     def report(self, reports: list[WorkerReport]) -> None:
         super().report(reports)
-        self.gauges.export(self.stats())
+        self._export()
+
+    def _export(self) -> None:
+        # per-worker series are tagged by accelerator type: export once every worker has said its type
+        # (or reports arrive, e.g. after a restart), so no series carries a placeholder type
+        if len(self.registered) == self.num_workers or self.reports_received:
+            self.gauges.export(self.stats())
 
     def ping(self) -> bool:
         return True

@@ -7,6 +7,7 @@ asynchronously at step boundaries.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -78,6 +79,8 @@ class Scheduler:
         for r in reports:
             if self.node.ingest(r) is not None:
                 continue
+            if r.accelerator_type != self.node.accelerator_types[r.worker_id]:  # e.g. after a restart
+                self.register(r.worker_id, r.accelerator_type)
             self.reports_received += 1
             last_step = max(last_step, r.step)
             self._log.append((r.worker_id, r.step, r.samples, r.compute_s, r.wait_s, r.step_s, r.overhead_s, r.loss))
@@ -97,6 +100,10 @@ class Scheduler:
     def bundle(self, since_version: int, first_step: int, num_steps: int, batch_sizes: tuple[int, ...]) -> StepBundle:
         """Newest decision if newer than ``since_version``, plus sample plans for ``num_steps`` steps
         from ``first_step`` sized by the decision the caller will run with."""
+        if since_version > self.node.decision.version:
+            # this scheduler restarted and lost its state: continue the workers' version numbering so
+            # its next decision is newer than the one they run on (the current one is not re-sent)
+            self.node.decision = dataclasses.replace(self.node.decision, version=since_version)
         newest = self.node.decision if self.node.decision.version > since_version else None
         plans: tuple[SamplePlan, ...] = ()
         if self.sample_priorities is not None:

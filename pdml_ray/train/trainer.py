@@ -101,6 +101,7 @@ class PDMLTrainer:
         self.pdml_config = pdml_config or PDMLConfig()
         self.pdml_config.node_priority.check_workers(self.scaling_config.num_workers)
         self.keep_scheduler = keep_scheduler
+        self.scheduler = None  # the scheduler actor's handle after fit() when keep_scheduler=True
         self.kwargs = torch_trainer_kwargs
 
     def fit(self) -> PDMLResult:
@@ -123,6 +124,8 @@ class PDMLTrainer:
                 log.warning("scheduler state lost at the end of the run: %s", e)
                 stats, decisions, telemetry, state = {}, [], {}, {}
         finally:
-            if not self.keep_scheduler:
+            if self.keep_scheduler:
+                self.scheduler = scheduler  # holding the handle keeps the (non-detached) actor alive
+            else:
                 ray.kill(scheduler)  # a later fit() with the same name starts from a fresh scheduler
         return PDMLResult(result, stats, decisions, telemetry, state)

@@ -13,6 +13,9 @@ def ray_local():
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="pdml-test")
+    # Ray workers import training loops from tests/ray/loops.py: put this folder on their path
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="pdml-test",
+             runtime_env={"env_vars": {"PYTHONPATH": here, "OMP_NUM_THREADS": "1"}})
     yield ray
     ray.shutdown()

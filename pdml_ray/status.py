@@ -1,0 +1,44 @@
+"""``pdml-ray status``: the running scheduler's current priorities, from any shell on the cluster."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = "show the priorities of a running pdml-ray scheduler (batch sizes, weights, rates)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
+    parser.add_argument("--name", default="pdml-scheduler", help="scheduler actor name (default pdml-scheduler)")
+    parser.add_argument("--namespace", default="pdml", help="scheduler namespace (default pdml)")
+
+
+def format_stats(stats: dict) -> str:
+    lines = [f"decision v{stats['version']}  (rates: {stats['rate_source']}; reports {stats['reports_received']}, "
+             f"rejected {stats['reports_rejected']})",
+             f"{'worker':>6}  {'accelerator':<12} {'priority':>8} {'batch':>6} {'grad weight':>11} {'rate':>10}"]
+    for i, (accel, share, size, weight, rate) in enumerate(zip(stats["accelerator_types"], stats["shares"],
+                                                                 stats["batch_sizes"], stats["grad_weights"], stats["rates"])):
+        lines.append(f"{i:>6}  {accel:<12} {share:>8.3f} {size:>6} {weight:>11.4f} {rate:>10.4g}")
+    if "sample_priority" in stats:
+        lines.append("sample priorities: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                        for k, v in stats["sample_priority"].items()))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+
+    from actors.scheduler import find_scheduler
+
+    try:
+        ray.init(address=args.address, log_to_driver=False)
+    except ConnectionError as e:
+        print(f"no Ray cluster at {args.address!r}: {e}\nstart one with `ray start --head` or run `pdml-ray demo`")
+        return 1
+    handle = find_scheduler(args.name, args.namespace)
+    if handle is None:
+        print(f"no pdml-ray scheduler named {args.name!r} in namespace {args.namespace!r} (is a training run active?)")
+        return 1
+    print(format_stats(ray.get(handle.stats.remote(), timeout=30)))
+    return 0

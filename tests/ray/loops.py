@@ -1,0 +1,63 @@
+"""Training loops run by Ray Train workers in the Ray tests (importable there via PYTHONPATH)."""
+
+import json
+
+import numpy as np
+import ray
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pdml_ray.train import get_context
+from pdml_ray.train.workloads import make_classification, make_mlp
+
+STEPS = 44
+KILL_AT = 30
+
+
+def checking_loop(config):
+    torch.set_num_threads(1)
+    ctx = get_context()
+    x, y = make_classification(STEPS * 512, 64, 4, seed=1)
+    model = ctx.prepare_model(make_mlp(64, 2048, 4, depth=2, seed=1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    reference = make_mlp(64, 2048, 4, depth=2, seed=1)
+    grad_checks, sizes_seen, steps_done = [], [], 0
+    for batch in ctx.epoch(0, len(x)):
+        with ctx.step(batch) as step:
+            step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
+        sizes_seen.append(list(ctx.decision.batch_sizes))
+        if batch.step % 4 == 1:
+            # the whole global batch, gathered from every rank, through one process's model copy
+            everyone = [None] * ctx.world_size
+            dist.all_gather_object(everyone, batch.indices)
+            if ctx.rank == 0:
+                reference.load_state_dict(model.state_dict())
+                reference.zero_grad()
+                idx = np.concatenate(everyone)
+                F.cross_entropy(reference(x[idx]), y[idx]).backward()
+                diff = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
+                grad_checks.append({"step": batch.step, "sizes": [len(e) for e in everyone], "max_abs_diff": diff})
+        optimizer.step()
+        optimizer.zero_grad()
+        steps_done += 1
+        if batch.step == KILL_AT and ctx.rank == 0:
+            ray.kill(ray.get_actor(ctx.config.scheduler_name, namespace=ctx.config.namespace), no_restart=True)
+    if ctx.rank == 0:
+        with open(config["out"], "w") as f:
+            json.dump({"grad_checks": grad_checks, "sizes": sizes_seen, "steps_done": steps_done,
+                       "adopted": ctx.adopted, "client_failures": ctx.client.failures}, f)
+
+
+def first_step_loop(config):
+    """One step; each rank writes its accelerator type and the batch sizes it ran with."""
+    ctx = get_context()
+    x, y = make_classification(config["num_samples"], 16, 2, seed=0)
+    model = ctx.prepare_model(make_mlp(16, 32, 2, depth=1, seed=0))
+    for batch in ctx.epoch(0, len(x)):
+        with ctx.step(batch) as step:
+            step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
+        with open(f"{config['out']}.{ctx.rank}", "w") as f:
+            json.dump({"accelerator_type": ctx.accelerator_type, "batch_sizes": list(ctx.decision.batch_sizes),
+                       "mine": len(batch.indices)}, f)
+        break
