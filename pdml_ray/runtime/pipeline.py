@@ -15,6 +15,7 @@ Speeds below 1.0 are EMULATED (``pdml_ray.emulation``): the replica sleeps after
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -45,6 +46,8 @@ class StepResult:
     measurements: tuple[Measurement, ...]
     """Per action: worker-side latency (real compute + emulated sleep), in completion order."""
     schedule: str = ""
+    compute_s: float = 0.0
+    """Seconds of real forward/backward compute summed over all actions (CPU work, not wall time)."""
     emulated_s: float = 0.0
     """Seconds of emulated slowdown (sleep) summed over all actions of the step."""
     forward_counts: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -115,7 +118,7 @@ class PipelineRuntime:
         in_flight: dict[ray.ObjectRef, Action] = {}
         idle = set(plan.orders)
         measurements: list[Measurement] = []
-        loss, emulated_s = 0.0, 0.0
+        loss, compute_s, emulated_s = 0.0, 0.0, 0.0
         start = time.perf_counter()
         while not dispatcher.done():
             for key in sorted(idle):
@@ -135,6 +138,7 @@ class PipelineRuntime:
             idle.add((action.stage, action.replica))
             if timing.loss is not None:
                 loss += timing.loss
+            compute_s += timing.compute_s
             emulated_s += timing.emulated_s
             measurements.append(Measurement(action.stage, action.replica, action.kind, action.microbatch,
                                             timing.latency_s))
@@ -145,7 +149,7 @@ class PipelineRuntime:
         for m in measurements:
             if m.kind is Kind.FORWARD:
                 counts[(m.stage, m.replica)] += 1
-        return StepResult(step, step_time_s, loss, tuple(measurements), plan.schedule, emulated_s, counts)
+        return StepResult(step, step_time_s, loss, tuple(measurements), plan.schedule, compute_s, emulated_s, counts)
 
     def _submit(self, action: Action, x_refs: list[ray.ObjectRef], y_refs: list[ray.ObjectRef], scales: list[float],
                 outputs: dict[tuple[int, int], ray.ObjectRef],
@@ -258,20 +262,21 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
     Both schedulers drive the same actors, one step each in turn (ABBA order, so drift and noise
     fall on both alike), on the same batch per round. The first ``warmup_steps`` rounds (allocator
     and first-call warm-up) are left out of the medians; the adaptive scheduler's learning steps after
-    that are counted. Starts a local Ray cluster if none is running, and stops only what it started.
+    that are counted. Uses the running Ray cluster; if none, connects to RAY_ADDRESS when set, else
+    starts a private local instance; stops only what it started.
     """
     from statistics import median
 
     from pdml_ray.pipeline.registry import make_scheduler
 
-    steps = steps if steps is not None else (4 if quick else 12)
+    steps = steps if steps is not None else (5 if quick else 12)
     microbatches = microbatches if microbatches is not None else (8 if quick else 12)
     if steps < 1 or microbatches < 1 or warmup_steps < 0:
         raise ValueError(f"need steps >= 1, microbatches >= 1 and warmup_steps >= 0, got "
                          f"{steps}, {microbatches}, {warmup_steps}")
     slow = slow_replica if slow_replica is not None else (stages // 2, replicas - 1)
     # Sized so that one action computes for milliseconds (well above Ray's per-call overhead).
-    width, mb_size, in_dim, out_dim = (384, 32, 64, 16) if quick else (768, 64, 128, 32)
+    width, mb_size, in_dim, out_dim = (768, 32, 64, 16) if quick else (768, 64, 128, 32)
     torch.manual_seed(seed)
     layers: list[nn.Module] = [nn.Linear(in_dim, width), nn.Tanh()]
     for _ in range(2 * stages - 2):
@@ -283,10 +288,12 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
 
     started_ray = not ray.is_initialized()
     if started_ray:
-        import os
-
-        ray.init(num_cpus=max(os.cpu_count() or 1, stages * replicas), include_dashboard=False,
-                 log_to_driver=False)
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(log_to_driver=False)  # the user's cluster
+        else:
+            # address="local": a fresh private instance, never some other job's cluster on this machine.
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, stages * replicas),
+                     include_dashboard=False, log_to_driver=False)
     runtime = PipelineRuntime(model, stages, replicas, nn.MSELoss(), lr=0.01, speeds={slow: slow_replica_speed})
     try:
         names = {"static": static_name, "adaptive": adaptive_name}
@@ -301,12 +308,17 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
                 results[role].append(runtime.run_step(schedulers[role], x, y, len(results[role])))
         timed = {role: [r.step_time_s for r in rs[warmup_steps:]] for role, rs in results.items()}
         med = {role: float(median(ts)) for role, ts in timed.items()}
+        # No schedule beats total real compute / cores on one machine: when this floor is near the
+        # static step time, the run is CPU-bound and moving work off the slow replica cannot pay.
+        cores = os.cpu_count() or 1
+        cpu_floor_s = float(median([r.compute_s for r in results["static"][warmup_steps:]])) / cores
         speeds = {f"s{k}r{r}": s for (k, r), s in sorted(runtime.speeds.items())}
         return {
             "static_schedule": static_name, "adaptive_schedule": adaptive_name,
             "osprey_over_static": med["adaptive"] / med["static"],
             "static_median_step_s": med["static"], "adaptive_median_step_s": med["adaptive"],
             "static_step_s": timed["static"], "adaptive_step_s": timed["adaptive"],
+            "cpu_floor_s": cpu_floor_s, "cpu_floor_over_static": cpu_floor_s / med["static"], "local_cores": cores,
             "stages": stages, "replicas": replicas, "microbatches": microbatches, "microbatch_size": mb_size,
             "steps": steps, "warmup_steps": warmup_steps, "layers_per_stage": runtime.stage_sizes,
             "model": f"MLP {in_dim}-{width}x{2 * stages - 1}-{out_dim}, Tanh",

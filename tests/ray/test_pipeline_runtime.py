@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from pdml_ray.errors import PlanError
 from pdml_ray.pipeline.plan import Kind
 from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
 from pdml_ray.runtime.pipeline import PipelineRuntime
@@ -58,9 +59,12 @@ def test_runtime_splits_the_model_by_parameters(runtime):
 @pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
 def test_one_step_equals_the_unsplit_model_under_every_schedule(runtime, reference_step, schedule):
     initial, x, y, ref_loss, ref_params = reference_step
-    runtime.set_parameters(initial)
     scheduler = make_scheduler(schedule, stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
-    result = runtime.run_step(scheduler, x, y, step=0)
+    # One step first, so that adaptive schedulers have measurements and the checked step runs their
+    # own plan (reordered, uneven placement) rather than the static warm start.
+    runtime.run_step(scheduler, x, y, step=0)
+    runtime.set_parameters(initial)
+    result = runtime.run_step(scheduler, x, y, step=1)
 
     assert result.loss == pytest.approx(ref_loss, rel=1e-5)
     # Every micro-batch ran forward and backward exactly once on every stage.
@@ -97,3 +101,13 @@ def test_osprey_moves_work_away_from_a_slow_replica(runtime, reference_step):
     assert last[slow] < MICROBATCHES // 2 < last[(1, 0)], [r.forward_counts for r in results]
     assert last[slow] + last[(1, 0)] == MICROBATCHES
     assert runtime.replicas_identical()  # replicas of a stage stay identical whatever the assignment
+
+
+def test_a_plan_for_another_shape_is_refused(runtime, reference_step):
+    _, x, y, _, _ = reference_step
+    scheduler = make_scheduler("1f1b", stages=STAGES, replicas=1, microbatches=MICROBATCHES)
+    with pytest.raises(PlanError, match="build the scheduler with the runtime's stages and replicas"):
+        runtime.run_step(scheduler, x, y, step=0)
+    too_many = make_scheduler("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=x.shape[0] + 1)
+    with pytest.raises(PlanError, match="at least one sample per micro-batch"):
+        runtime.run_step(too_many, x, y, step=0)
