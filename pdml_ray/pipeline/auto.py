@@ -61,8 +61,7 @@ class AutoScheduler:
         cfg, est = self.config, self.osprey.est
         dispersion = latency_dispersion(est)
         static_plan = self.static.plan(0)
-        makespan = in_order_makespan(static_plan.orders, self.stages,
-                                     lambda k, r, kind, m: est[k][r][0 if kind is F else 1])
+        makespan = in_order_makespan(static_plan.orders, self.stages, est)
         # Busy seconds of the plan on these costs (depends on the placement, so summed per action).
         work = sum(est[a.stage][a.replica][0 if a.kind is F else 1] for acts in static_plan.orders.values() for a in acts)
         bubble = 1.0 - work / (makespan * sum(self.replicas))

@@ -16,13 +16,13 @@ measure -> derive -> decide, once per global step:
    With unequal replica counts per stage there are no lanes: a ready forward goes to the replica of
    its stage with the earliest predicted finish (list scheduling with EFT placement).
 5. Order and reordering: each replica's order comes from list scheduling the step on the predicted
-   costs with 1F1B's rule (a ready backward first, forwards in micro-batch order, at most
-   stages - k (+ ``extra_in_flight``) activations, never above the memory limit). Plans carry
+   costs with 1F1B's rule (a ready backward first, forwards in micro-batch order), once per activation
+   cap option (``cap_options``: 1F1B's stages - k, or uniform; never above the memory limit). Plans carry
    ``reorder=True``: the dispatcher lets a ready action overtake a blocked one of its own kind.
    (A critical-path "forwards first" priority lengthened steps under a memory cap: it delays the
    backward chain that frees upstream memory; see ``static.CriticalPathScheduler``.)
-6. Choice: the adaptive plan is used unless the warm-start plan's in-order makespan on the same
-   EMA costs is shorter (greedy list scheduling is not optimal; with one replica per stage 1F1B's
+6. Choice: the cap option with the shortest predicted makespan, unless the warm-start plan's in-order
+   makespan on the same EMA costs is shorter (greedy list scheduling is not optimal; with one replica per stage 1F1B's
    fixed alternation can beat it).
 Before any measurement the plan is the static warm-start plan (``OspreyConfig.warm_start``).
 Everything is deterministic given the measurements, so replay reproduces plans exactly.
@@ -34,7 +34,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
-from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule
+from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, to_orders
 from pdml_ray.pipeline.plan import Kind, Measurement, Plan
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
 
@@ -127,13 +127,19 @@ class OspreyScheduler:
         self.last_decision = decision
 
     # ---- decide --------------------------------------------------------------------------------
-    def caps(self) -> list[int]:
-        """Activation cap per replica of stage k: 1F1B's stages - k plus slack, within the memory limit."""
-        out = []
-        for k in range(self.stages):
-            cap = self.stages - k + self.config.extra_in_flight
-            out.append(cap if self.memory_limit is None else min(cap, self.memory_limit))
-        return out
+    def cap_options(self) -> dict[str, list[int]]:
+        """Activation caps per replica of each stage that osprey tries, by name.
+
+        'pipeline-depth': 1F1B's stages - k (+ ``extra_in_flight``); 'uniform': the memory limit at
+        every stage (or, without a limit, ``stages``: 1F1B's own peak), which lets stages in front of
+        a slow one buffer more work. Both stay within the memory limit.
+        """
+        S, limit = self.stages, self.memory_limit
+        depth = [S - k + self.config.extra_in_flight for k in range(S)]
+        if limit is not None:
+            depth = [min(c, limit) for c in depth]
+        uniform = [limit if limit is not None else S] * S
+        return {"pipeline-depth": depth, "uniform": uniform} if uniform != depth else {"pipeline-depth": depth}
 
     def placement(self) -> dict[tuple[int, int], int] | None:
         """(stage, microbatch) -> replica, greedy by predicted finish time over lanes; None without lanes.
@@ -166,27 +172,32 @@ class OspreyScheduler:
         return dataclasses.replace(self._warm.plan(step), reorder=True, schedule=self.name)
 
     def plan(self, step: int) -> Plan:
-        """The adaptive plan, or the warm-start plan when that is predicted (on the EMA costs) to be faster."""
+        """The adaptive plan with the best cap option, or the warm-start plan if that is predicted faster.
+
+        Predictions are makespans on the EMA costs (seconds): the list-scheduled run for each cap
+        option, the in-order run for the warm-start plan.
+        """
         warm = self._warm_plan(step)
         if self.steps_observed == 0:
             return warm
-        est = self.est
-
-        def cost(k: int, r: int, kind: Kind, m: int) -> float:
-            return est[k][r][0 if kind is F else 1]
-
-        orders, predicted = list_schedule(self.stages, self.replicas, self.microbatches, cost,
-                                          lambda k, kind, m: (0 if kind is B else 1, m), self.caps(),
-                                          placement=self.placement())
-        predicted_warm = in_order_makespan(warm.orders, self.stages, cost)
-        use_warm = predicted_warm < predicted
+        S, place = self.stages, self.placement()
+        predicted: dict[str, float] = {}
+        best: tuple[float, str, Any] | None = None
+        for label, caps in self.cap_options().items():
+            orders, makespan = list_schedule(S, self.replicas, self.microbatches, self.est, [(1, 0)] * S, caps,
+                                             placement=place, materialize=False)
+            predicted[label] = makespan
+            if best is None or makespan < best[0]:
+                best = (makespan, label, orders)
+        predicted["warm-start"] = in_order_makespan(warm.orders, S, self.est)
+        assert best is not None
+        use_warm = predicted["warm-start"] < best[0]
         self.last_decision = {**self.last_decision, "predicted_makespan_s": predicted,
-                              "predicted_warm_start_s": predicted_warm,
-                              "chosen": "warm-start" if use_warm else "adaptive"}
+                              "chosen": "warm-start" if use_warm else best[1]}
         if use_warm:
             return warm
-        return Plan(self.stages, self.replicas, self.microbatches, orders, reorder=True,
-                    memory_limit=self.memory_limit, schedule=self.name)
+        return Plan(S, self.replicas, self.microbatches, to_orders(best[2]), reorder=True, memory_limit=self.memory_limit,
+                    schedule=self.name)
 
     # ---- replay --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

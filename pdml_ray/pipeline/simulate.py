@@ -14,8 +14,10 @@ Lower bound on a step's makespan (``lower_bound_s``), valid for any plan:
   micro-batches of the sum of the fastest replicas' F costs of stages < k, plus k transfers), and after
   its last backward the fastest backward chain below it remains (tail_k, likewise). In between its
   replicas together do at most sum_r speed_kr units of work per second, so the window is at least
-  W_k / sum_r speed_kr, with W_k the stage's total work at speed 1 (drift included in the speeds):
-  bound_k = head_k + W_k / sum_r speed_kr + tail_k.
+  W_k / sum_r speed_kr, with W_k the stage's total work at speed 1 (drift included in the speeds);
+  and since a micro-batch's F and B at a stage run whole on one replica, at least the best split of
+  whole micro-batches over the replicas (``_integer_window``, counting each replica's smallest jobs):
+  bound_k = head_k + max(W_k / sum_r speed_kr, integer window_k) + tail_k.
 * chain bound: the longest micro-batch's F and B chain through all stages on the fastest replicas,
   plus 2 (S - 1) transfers.
 lower_bound_s = max(max_k bound_k, chain bound).
@@ -94,6 +96,21 @@ class ClusterProfile:
 PROFILES = ("homogeneous", "heterogeneous", "noisy")
 
 
+def _integer_window(job_s: np.ndarray, speeds: Sequence[float]) -> float:
+    """Least time for replicas of ``speeds`` to finish all micro-batches of one stage, whole micro-batches each.
+
+    A replica given n micro-batches needs at least the n smallest (F+B) works / its speed (seconds), a
+    convex increasing function of n, so adding micro-batches one at a time where that is smallest
+    minimises the largest replica time exactly. O(M x replicas).
+    """
+    prefix = np.concatenate([[0.0], np.cumsum(np.sort(job_s))])
+    counts = [0] * len(speeds)
+    for _ in range(len(job_s)):
+        r = min(range(len(speeds)), key=lambda r: prefix[counts[r] + 1] / speeds[r])
+        counts[r] += 1
+    return float(max(prefix[n] / s for n, s in zip(counts, speeds)))
+
+
 @dataclass
 class StepResult:
     makespan_s: float
@@ -147,7 +164,8 @@ class PipelineSimulator:
         b_prefix = np.vstack([np.zeros(microbatches), np.cumsum(b_fast, axis=0)])
         chain = float((f_prefix[S] + b_prefix[S]).max() + 2 * (S - 1) * p.transfer_s)
         stage = max(float(f_prefix[k].min() + b_prefix[k].min() + 2 * k * p.transfer_s
-                          + w[k].sum() / sum(speeds[k])) for k in range(S))
+                          + max(w[k].sum() / sum(speeds[k]), _integer_window(w[k].sum(axis=0), speeds[k])))
+                    for k in range(S))
         return max(stage, chain)
 
     def run_step(self, plan: Plan, step: int = 0) -> StepResult:

@@ -84,10 +84,10 @@ class OneFOneBScheduler(_StaticBase):
 
     def _build(self) -> Plan:
         S, M = self.stages, self.microbatches
-        # Smaller key runs first: any ready backward, then forwards in micro-batch order.
-        orders, _ = list_schedule(S, self.replicas, M, lambda k, r, kind, m: DEFAULT_FORWARD_S if kind is F
-                                  else DEFAULT_BACKWARD_S, lambda k, kind, m: (0 if kind is B else 1, m),
-                                  one_f_one_b_caps(S, self.memory_limit), placement=round_robin(S, self.replicas, M))
+        costs = [[(DEFAULT_FORWARD_S, DEFAULT_BACKWARD_S)] * r for r in self.replicas]
+        # Rank (F, B) = (1, 0): any ready backward first, then forwards in micro-batch order.
+        orders, _ = list_schedule(S, self.replicas, M, costs, [(1, 0)] * S, one_f_one_b_caps(S, self.memory_limit),
+                                  placement=round_robin(S, self.replicas, M))
         return Plan(S, self.replicas, M, orders, reorder=False, memory_limit=self.memory_limit, schedule=self.name)
 
 
@@ -133,13 +133,11 @@ class CriticalPathScheduler(_StaticBase):
     def _build(self) -> Plan:
         S, M = self.stages, self.microbatches
         rank_f, rank_b = critical_path_ranks(self.forward_s, self.backward_s)
-        fs, bs = self.forward_s, self.backward_s
-
-        def key(k: int, kind: Kind, m: int) -> tuple:
-            return (-(rank_f[k] if kind is F else rank_b[k]), m)
-
-        orders, _ = list_schedule(S, self.replicas, M, lambda k, r, kind, m: fs[k] if kind is F else bs[k], key,
-                                  one_f_one_b_caps(S, self.memory_limit), placement=round_robin(S, self.replicas, M))
+        costs = [[(self.forward_s[k], self.backward_s[k])] * self.replicas[k] for k in range(S)]
+        # Longest remaining path first (smaller sort key first), ties to the lower micro-batch.
+        ranks = [(-rank_f[k], -rank_b[k]) for k in range(S)]
+        orders, _ = list_schedule(S, self.replicas, M, costs, ranks, one_f_one_b_caps(S, self.memory_limit),
+                                  placement=round_robin(S, self.replicas, M))
         return Plan(S, self.replicas, M, orders, reorder=False, memory_limit=self.memory_limit, schedule=self.name)
 
     def state_dict(self) -> dict[str, Any]:

@@ -90,8 +90,8 @@ def test_in_order_makespan_matches_simulator() -> None:
     profile = ClusterProfile.build(4, 2, profile="heterogeneous", transfer_s=0.25)
     plan = make_scheduler("1f1b", stages=4, replicas=2, microbatches=9).plan(0)
     speeds = profile.speeds
-    predicted = in_order_makespan(plan.orders, 4, lambda k, r, kind, m: (1.0 if kind is F else 2.0) / speeds[k][r],
-                                  transfer_s=0.25)
+    costs = [[(1.0 / s, 2.0 / s) for s in row] for row in speeds]
+    predicted = in_order_makespan(plan.orders, 4, costs, transfer_s=0.25)
     assert predicted == pytest.approx(PipelineSimulator(profile).run_step(plan).makespan_s)
 
 

@@ -41,10 +41,13 @@ def test_lower_bound_is_tight_for_1f1b_on_uniform_replicas() -> None:
     assert result.makespan_s == pytest.approx(result.lower_bound_s)
 
 
-def test_lower_bound_counts_aggregate_replica_speed() -> None:
-    # Stage 1 has speeds 1 and 0.5: 10 micro-batches x 3 s of work / 1.5 = 20 s, plus head 1 s and tail 2 s.
+def test_lower_bound_counts_aggregate_speed_and_whole_microbatches() -> None:
+    # Stage 1 has speeds 1 and 0.5: 10 micro-batches x 3 s / 1.5 = 20 s if work were divisible; in
+    # whole micro-batches the best split is 7 (21 s) + 3 (18 s), so 21 s, plus head 1 s and tail 2 s.
     profile = ClusterProfile.build(2, 2, speeds=((1.0, 1.0), (1.0, 0.5)))
-    assert PipelineSimulator(profile).lower_bound(0, 10) == pytest.approx(1.0 + 20.0 + 2.0)
+    assert PipelineSimulator(profile).lower_bound(0, 10) == pytest.approx(1.0 + 21.0 + 2.0)
+    # 9 micro-batches: 6 (18 s) + 3 (18 s) = 18 s, equal to the divisible 27 / 1.5.
+    assert PipelineSimulator(profile).lower_bound(0, 9) == pytest.approx(1.0 + 18.0 + 2.0)
 
 
 @settings(max_examples=25, deadline=None)
