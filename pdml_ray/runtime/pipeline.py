@@ -100,7 +100,11 @@ class PipelineRuntime:
         micro-batch m's loss is scaled by size_m / B. Each completed action becomes a ``Measurement``;
         the step's measurements go to ``scheduler.observe`` once, after the step, as in the simulator
         (``simulate_schedule``): schedulers fold one step at a time into their estimates.
+        The step time counts planning too (an adaptive scheduler's decisions are part of its cost).
+        If an action fails, every replica drops the step's activations and gradients and the error
+        propagates; parameters are unchanged and the next step can run.
         """
+        start = time.perf_counter()
         plan = scheduler.plan(step)
         self._check_plan(plan)
         m_count, batch = plan.num_microbatches, inputs.shape[0]
@@ -110,14 +114,34 @@ class PipelineRuntime:
         xs, ys = inputs.tensor_split(m_count), targets.tensor_split(m_count)
         scales = [x.shape[0] / batch for x in xs]
         x_refs, y_refs = [ray.put(x) for x in xs], [ray.put(y) for y in ys]
+        measurements: list[Measurement] = []
+        try:
+            loss, compute_s, emulated_s = self._drive(plan, step, x_refs, y_refs, scales, measurements)
+        except BaseException:
+            # Each actor runs this after the calls already queued on it (actor calls run in order).
+            try:
+                ray.get([a.discard_step.remote() for row in self._actors for a in row], timeout=60)
+            except Exception:  # noqa: BLE001 - a dead actor must not hide the original error
+                pass
+            raise
+        self._sum_grads_and_step()
+        step_time_s = time.perf_counter() - start
+        scheduler.observe(measurements)
+        counts = {key: 0 for key in plan.orders}
+        for m in measurements:
+            if m.kind is Kind.FORWARD:
+                counts[(m.stage, m.replica)] += 1
+        return StepResult(step, step_time_s, loss, tuple(measurements), plan.schedule, compute_s, emulated_s, counts)
 
+    def _drive(self, plan: Plan, step: int, x_refs: list[ray.ObjectRef], y_refs: list[ray.ObjectRef],
+               scales: list[float], measurements: list[Measurement]) -> tuple[float, float, float]:
+        """Run every action of ``plan`` under the Dispatcher; returns (loss, compute_s, emulated_s) sums."""
         dispatcher = Dispatcher(plan)
         # (stage, microbatch) -> ObjectRef of that stage's output activations / input gradient.
         outputs: dict[tuple[int, int], ray.ObjectRef] = {}
         input_grads: dict[tuple[int, int], ray.ObjectRef] = {}
         in_flight: dict[ray.ObjectRef, Action] = {}
         idle = set(plan.orders)
-        measurements: list[Measurement] = []
         loss, compute_s, emulated_s = 0.0, 0.0, 0.0
         start = time.perf_counter()
         while not dispatcher.done():
@@ -142,14 +166,7 @@ class PipelineRuntime:
             emulated_s += timing.emulated_s
             measurements.append(Measurement(action.stage, action.replica, action.kind, action.microbatch,
                                             timing.latency_s))
-        self._sum_grads_and_step()
-        step_time_s = time.perf_counter() - start
-        scheduler.observe(measurements)
-        counts = {key: 0 for key in plan.orders}
-        for m in measurements:
-            if m.kind is Kind.FORWARD:
-                counts[(m.stage, m.replica)] += 1
-        return StepResult(step, step_time_s, loss, tuple(measurements), plan.schedule, compute_s, emulated_s, counts)
+        return loss, compute_s, emulated_s
 
     def _submit(self, action: Action, x_refs: list[ray.ObjectRef], y_refs: list[ray.ObjectRef], scales: list[float],
                 outputs: dict[tuple[int, int], ray.ObjectRef],

@@ -161,6 +161,11 @@ class StageWorker:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def discard_step(self) -> None:
+        """Drop a failed step's saved activations and accumulated gradients (the parameters are untouched)."""
+        self._saved.clear()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def sum_grads_and_step(self, *replica_grads: Sequence[Tensor]) -> float:
         """Sum the gradients of all replicas of this stage (in the order given), apply, step.
 

@@ -6,9 +6,8 @@ tests (actor start-up is the expensive part on 2 cores).
 
 from __future__ import annotations
 
-import copy
-
 import pytest
+import ray
 import torch
 from torch import nn
 
@@ -111,3 +110,14 @@ def test_a_plan_for_another_shape_is_refused(runtime, reference_step):
     too_many = make_scheduler("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=x.shape[0] + 1)
     with pytest.raises(PlanError, match="at least one sample per micro-batch"):
         runtime.run_step(too_many, x, y, step=0)
+
+
+def test_a_failed_step_leaves_the_runtime_usable(runtime, reference_step):
+    initial, x, y, _, _ = reference_step
+    runtime.set_parameters(initial)
+    scheduler = make_scheduler("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    with pytest.raises(ray.exceptions.RayTaskError, match="size of tensor"):
+        runtime.run_step(scheduler, x, y[:, :7], step=0)  # the last stage's loss fails on the shape
+    assert all(torch.equal(a, b) for a, b in zip(runtime.parameters(), initial))  # no partial update
+    result = runtime.run_step(scheduler, x, y, step=1)
+    assert len(result.measurements) == 2 * STAGES * MICROBATCHES

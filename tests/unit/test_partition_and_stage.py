@@ -171,3 +171,15 @@ def test_emulated_speed_sleeps_and_says_so():
     _, timing = worker.forward(0, torch.randn(32, 64))
     assert timing.emulated_s == pytest.approx(3.0 * timing.compute_s)
     assert timing.latency_s == pytest.approx(timing.compute_s + timing.emulated_s)
+
+
+def test_discard_step_forgets_a_failed_step():
+    worker = StageWorker(0, 0, 1, nn.Linear(3, 1), loss_fn=nn.MSELoss())
+    before = worker.get_parameters()
+    worker.forward(0, torch.randn(2, 3), target=torch.zeros(2, 1))
+    worker.forward(1, torch.randn(2, 3), target=torch.zeros(2, 1))
+    worker.backward(0)
+    worker.discard_step()
+    assert all(torch.count_nonzero(g) == 0 for g in worker.grads())
+    worker.step()  # no longer refused: nothing waits for a backward
+    assert all(torch.equal(a, b) for a, b in zip(before, worker.get_parameters()))
