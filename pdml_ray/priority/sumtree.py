@@ -69,9 +69,9 @@ class SumTree:
         nodes = uniq + self.num_leaves
         self.tree[nodes] = vals
         for _ in range(self.depth):
-            nodes = nodes >> 1  # still sorted, so duplicates (siblings) are adjacent
-            if nodes.size > 1:
-                nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+            # Sibling leaves share a parent, so ``nodes`` repeats entries; every copy writes the same
+            # sum, so the repeats are harmless and cheaper than de-duplicating each level.
+            nodes >>= 1
             self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
 
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -84,16 +84,26 @@ class SumTree:
         if not total > 0.0:
             raise ValueError("SumTree.draw: all scores are 0; set some score > 0 or sample uniformly instead")
         u = rng.random(count) * total  # (count,) targets in [0, total)
-        node = np.ones(count, dtype=np.int64)
-        for _ in range(self.depth):
-            left = self.tree[2 * node]
-            right = self.tree[2 * node + 1]
-            # Go right when the target is past the left subtree; never into an empty subtree, which
-            # rounding (u slightly above a subtree's float sum) could otherwise reach.
-            go_right = ((u >= left) & (right > 0.0)) | (left <= 0.0)
-            u = np.where(go_right, u - left, u)
-            node = 2 * node + go_right
+        node = self._descend(u)
+        # Rounding can leave a target a hair past the last non-empty leaf of a subtree and land on
+        # an empty leaf (probability ~1e-16 per draw); draw those again.
+        for _ in range(8):
+            empty = self.tree[node] <= 0.0
+            if not empty.any():
+                break
+            node[empty] = self._descend(rng.random(int(empty.sum())) * total)
         return node - self.num_leaves
+
+    def _descend(self, u: np.ndarray) -> np.ndarray:
+        """Leaf node (position in ``tree``) under each target u (modified in place), root to leaf."""
+        node = np.ones(u.shape, dtype=np.int64)
+        for _ in range(self.depth):
+            node <<= 1
+            left = self.tree[node]
+            go_right = u >= left
+            np.subtract(u, left, out=u, where=go_right)
+            node += go_right
+        return node
 
 
 def _check_values(values: np.ndarray) -> None:

@@ -1,0 +1,175 @@
+"""Continuity check: is a priority vector still a useful distribution, or has it collapsed?
+
+Works on any non-negative priority vector (per sample now; per node or per gradient later). Three
+O(N) measures, each in [0, 1]:
+
+- ``normalized_ess = (sum p)^2 / (N sum p^2)``: 1 when all priorities are equal, 1/N when one item
+  holds everything. N * normalized_ess is the number of items the distribution effectively covers.
+- ``normalized_entropy = H(p / sum p) / log N``: the same story on a log scale (reported, not gated).
+- ``tie_fraction``: share of priorities within relative ``tie_tolerance`` of the median. Whenever
+  one tie group holds more than half of the items, the median lies in it, so this is that group's
+  share; that is the only regime the check acts on (``max_tie_fraction > 0.5``). Above 4,096 items
+  it is counted on 4,096 random items (binomial error under 1% near the 90% threshold).
+
+Verdicts. Too **peaked**: ``normalized_ess < min_normalized_ess`` (the sampler keeps drawing the same
+few items; importance weights of the rest explode). Too **flat**: ``normalized_ess >
+max_normalized_ess`` AND ``tie_fraction > max_tie_fraction``: the deriver emits the same value for
+(almost) everything. A healthy loss distribution is never flagged flat: losses of a model that still
+learns differ from sample to sample (ties stay far below 90%), and a narrow but continuous spread,
+typical at initialisation, fails the tie test. Zeros are ties too, but a vector of mostly zeros has a
+small ESS, so it reads as peaked, not flat.
+
+Why not the percentile test of the source article (share below the 20th percentile >= 0.2): for
+continuous data it holds by construction and it can only fail on ties, so it never sees a peak.
+
+Recalibration is data (``Recalibration``); the owner of the priorities carries it out, e.g. with
+``recalibrate_priorities``. For long vectors (> ``max_check_items``) the measures come from a random
+subsample of that many items: ESS and ties are means over items and the subsample estimates them
+without bias in the numerator and denominator (a ratio estimate); entropy is normalised by
+log(subsample size).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from pdml_ray.config import ContinuityConfig
+
+logger = logging.getLogger(__name__)
+
+CollapseKind = Literal["flat", "peaked"]
+
+
+@dataclass(frozen=True, slots=True)
+class ContinuityMeasures:
+    num_items: int
+    """Items measured (the subsample size for long vectors)."""
+    normalized_ess: float
+    normalized_entropy: float
+    tie_fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class Recalibration:
+    """What to do after a collapse: perturb and pull the priorities back, and hold a raised uniform mix."""
+
+    kind: CollapseKind
+    noise: float
+    """Std of log-normal multiplicative noise: p <- p * exp(noise * z), z ~ N(0, 1)."""
+    reset_fraction: float
+    """Geometric pull towards the prior: p <- p^(1-f) * prior^f."""
+    uniform_mix: float
+    """Uniform mix to sample with until ``until_step`` (the owner uses max(its own mix, this))."""
+    until_step: int
+    """First step at which the normal mix applies again."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContinuityVerdict:
+    step: int
+    healthy: bool
+    collapse: CollapseKind | None
+    measures: ContinuityMeasures
+    reason: str
+    recalibration: Recalibration | None = None
+
+
+def measure(priorities: np.ndarray, *, tie_tolerance: float = 1e-3, max_items: int | None = None,
+            rng: np.random.Generator | None = None) -> ContinuityMeasures:
+    """The three measures of a priority vector (shape (N,), finite, >= 0). O(N), or O(max_items)."""
+    p = np.asarray(priorities, dtype=np.float64).ravel()
+    if p.size == 0:
+        raise ValueError("continuity.measure: empty priority vector")
+    rng = rng if rng is not None else np.random.default_rng(0)
+    if max_items is not None and p.size > max_items:
+        p = p[rng.integers(0, p.size, size=max_items)]  # with replacement: O(max_items), unbiased means
+    if not (np.all(np.isfinite(p)) and p.min() >= 0.0):
+        raise ValueError("continuity.measure: priorities must be finite and >= 0")
+    n = p.size
+    top = p.max()
+    if top > 1e100:  # keep the sum of squares finite; otherwise skip the extra pass
+        p = p / top
+    total = p.sum()
+    if n == 1 or total <= 0.0:  # one item, or all zero: nothing to prefer, i.e. uniform
+        return ContinuityMeasures(n, 1.0, 1.0, 1.0)
+    ess = float(total * total / (n * (p @ p)))
+    # H(p / S) = log S - sum(p log p) / S, with 0 log 0 = 0.
+    nz = p[p > 0]  # (a masked np.log(where=...) is ~10x slower than this copy)
+    entropy = float((math.log(total) - (nz @ np.log(nz)) / total) / math.log(n))
+    # Ties: the reference is the median of <= 1024 random items, and the share is counted on <= 4096
+    # random items (binomial error <= 0.8% at the 90% threshold): both only have to resolve a tie
+    # group holding > 1/2 of the items, and sorting all N would dominate the cost of a check.
+    ref = float(np.median(p if n <= 1024 else p[rng.integers(0, n, size=1024)]))
+    sub = p if n <= 4096 else p[rng.integers(0, n, size=4096)]
+    ties = float(np.count_nonzero(np.abs(sub - ref) <= tie_tolerance * ref) / sub.size)
+    return ContinuityMeasures(n, min(ess, 1.0), min(max(entropy, 0.0), 1.0), ties)
+
+
+class ContinuityMonitor:
+    """Judges priority vectors against ContinuityConfig and counts collapses; logs each one."""
+
+    def __init__(self, config: ContinuityConfig | None = None, seed: int = 0, name: str = "priorities") -> None:
+        self.config = config if config is not None else ContinuityConfig()
+        self.name = name
+        self.rng = np.random.default_rng(seed)
+        self.checks = 0
+        self.collapsed_flat = 0
+        self.collapsed_peaked = 0
+        self.last: ContinuityVerdict | None = None
+
+    def due(self, step: int) -> bool:
+        return step % self.config.check_interval == 0
+
+    def check(self, priorities: np.ndarray, step: int) -> ContinuityVerdict:
+        cfg = self.config
+        m = measure(priorities, tie_tolerance=cfg.tie_tolerance, max_items=cfg.max_check_items, rng=self.rng)
+        self.checks += 1
+        collapse: CollapseKind | None = None
+        if m.normalized_ess < cfg.min_normalized_ess:
+            collapse = "peaked"
+            self.collapsed_peaked += 1
+            reason = (f"normalized ESS {m.normalized_ess:.3g} < min_normalized_ess {cfg.min_normalized_ess:.3g}: "
+                      f"the distribution covers about {m.normalized_ess * m.num_items:.3g} of {m.num_items} items")
+        elif m.normalized_ess > cfg.max_normalized_ess and m.tie_fraction > cfg.max_tie_fraction:
+            collapse = "flat"
+            self.collapsed_flat += 1
+            reason = (f"normalized ESS {m.normalized_ess:.6f} > {cfg.max_normalized_ess} and "
+                      f"{m.tie_fraction:.1%} of priorities tied (> {cfg.max_tie_fraction:.0%})")
+        else:
+            reason = (f"healthy: normalized ESS {m.normalized_ess:.3g}, entropy {m.normalized_entropy:.3g}, "
+                      f"ties {m.tie_fraction:.1%}")
+        recal = None
+        if collapse is not None:
+            recal = Recalibration(kind=collapse, noise=cfg.noise, reset_fraction=cfg.reset_fraction,
+                                  uniform_mix=cfg.recalibration_mix, until_step=step + cfg.recalibration_steps)
+            logger.warning("continuity: %s collapsed %s at step %d (%s); recalibration: noise %.3g, "
+                           "reset %.2f towards prior, uniform mix %.2f until step %d", self.name, collapse, step,
+                           reason, recal.noise, recal.reset_fraction, recal.uniform_mix, recal.until_step)
+        self.last = ContinuityVerdict(step=step, healthy=collapse is None, collapse=collapse, measures=m,
+                                      reason=reason, recalibration=recal)
+        return self.last
+
+
+def recalibrate_priorities(priorities: np.ndarray, recal: Recalibration, rng: np.random.Generator,
+                           prior: float | None = None) -> np.ndarray:
+    """New priorities after ``recal``: geometric pull towards ``prior`` (default: the median of the
+    positive priorities), then log-normal noise. Zeros stay zero; shape and dtype float64 as input."""
+    p = np.asarray(priorities, dtype=np.float64)
+    out = p.copy()
+    pos = p > 0
+    if not pos.any():
+        return out
+    if prior is None:
+        prior = float(np.median(p[pos]))
+    f = recal.reset_fraction
+    logp = np.log(p[pos])
+    logp = (1.0 - f) * logp + f * math.log(prior)
+    if recal.noise > 0:
+        logp = logp + recal.noise * rng.standard_normal(logp.shape)
+    out[pos] = np.exp(logp)
+    return out

@@ -1,0 +1,361 @@
+"""Sample priorities: draw each step's global batch by per-sample loss, with importance weights.
+
+Sampling distribution over the N samples of the data set::
+
+    p_i = (1 - mix) * s_i^alpha / sum_j s_j^alpha + mix / N
+
+with s_i the sample's score (its last loss, or an EMA of its losses), alpha the temperature
+(``SamplePriorityConfig.exponent``) and ``mix`` the uniform floor (raised for a while after a
+continuity collapse). Importance weights ``w_i = (N p_i)^(-beta)`` are divided by their maximum over
+the step; beta anneals linearly from ``is_exponent_start`` to 1 over ``is_anneal_steps``.
+
+Unbiasedness. With replacement (the default) the draws are i.i.d. from p, so with beta = 1
+``mean_j f(x_j) / (N p(x_j))`` is an exactly unbiased estimate of ``mean_i f(i)`` for any per-sample
+quantity f (a loss, a gradient). The max-normalisation of the weights multiplies that estimate by
+one positive number per step (a learning-rate factor; ``probabilities`` gives the raw p). Without
+replacement (``replacement=False``) a step's indices are distinct and the same weights are used: a
+small bias that vanishes as B / N -> 0.
+
+Never-seen samples score the maximum score seen so far, so they are drawn early. They form one
+group (count U, each weighing M^alpha) outside the sum-tree, so a new maximum costs O(1), not O(N);
+a draw from the group picks uniformly among unseen samples by rejection from a lazily compacted list.
+
+Staleness. Scores not refreshed for ``stale_after`` steps decay towards the mean score:
+``s <- mean + (s - mean) * (1 - staleness_decay)^steps``. The decay is applied in sweeps over a
+cursor that visits N / stale_after samples per step, so each sample is touched once per
+``stale_after`` steps and a step costs O((N / stale_after) log N), not O(N).
+
+Epochs. Under priority sampling an epoch is N draws (``stats()['epoch']``), not one pass over every
+sample: some samples are drawn many times in an epoch and some not at all. When sample priorities
+are off (``PDMLConfig.sample_priority is None``) none of this code runs; the uniform seeded
+permutation path is used instead.
+
+Continuity. Every ``continuity.check_interval`` steps the priority part of the distribution
+(s^alpha over the seen samples; the uniform floor is ours and would mask a collapse of the scores)
+goes through ``ContinuityMonitor``; on a collapse the scores are perturbed and pulled towards their
+median, and the uniform mix is raised for ``recalibration_steps`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from pdml_ray.config import ContinuityConfig, SamplePriorityConfig
+from pdml_ray.priority.continuity import ContinuityMonitor, ContinuityVerdict, recalibrate_priorities
+from pdml_ray.priority.sumtree import SumTree
+from pdml_ray.telemetry import SamplePlan
+
+_MAX_REJECTION_ROUNDS = 64
+
+
+class SamplePrioritizer:
+    """The cluster-wide per-sample score table and the sampler built on it (pure numpy, no Ray)."""
+
+    def __init__(self, num_samples: int, config: SamplePriorityConfig | None = None,
+                 continuity: ContinuityConfig | None = None, seed: int = 0) -> None:
+        if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+            raise ValueError(f"SamplePrioritizer needs num_samples >= 1 (the data set size), got {num_samples!r}")
+        self.num_samples = n = int(num_samples)
+        self.config = config if config is not None else SamplePriorityConfig()
+        self.monitor = ContinuityMonitor(continuity, seed=seed + 1, name="sample priorities") if continuity else None
+        self.rng = np.random.default_rng(seed)
+        self.scores = np.zeros(n, dtype=np.float64)          # (N,) valid where seen
+        self.seen = np.zeros(n, dtype=bool)                   # (N,)
+        self.last_step = np.zeros(n, dtype=np.int64)          # (N,) step of the last loss for the sample
+        self.tree = SumTree(n, 0.0)                           # s^alpha of seen samples, 0 for unseen
+        self._unseen_list = np.arange(n, dtype=np.int64)      # superset of the unseen samples
+        self.unseen_count = n
+        self.max_score = 0.0                                  # M: the score unseen samples get
+        self.seen_sum = 0.0                                   # sum of seen scores (for the mean)
+        self.recal_mix = 0.0
+        self.recal_until = -1
+        self._chunk = math.ceil(n / self.config.stale_after)  # samples the staleness sweep visits per step
+        self._cycle = math.ceil(n / self._chunk)              # steps for one full sweep
+        self._cursor = 0
+        self._last_sweep_step: int | None = None
+        self._last_check_step: int | None = None
+        self.samples_drawn = 0
+        self.recalibrations = 0
+        self.uniform_fallbacks = 0
+        self.check_seconds = 0.0                              # wall time of continuity checks (s)
+        self.recalibration_seconds = 0.0                      # wall time of recalibrations (s), O(N) each
+        self._last_mix = self.config.uniform_mix
+        self._last_beta = self.config.is_exponent_start
+
+    # ------------------------------------------------------------------ distribution
+    def _weight(self, scores: np.ndarray | float) -> np.ndarray:
+        return np.power(scores, self.config.exponent, dtype=np.float64)
+
+    def _unseen_weight(self) -> float:
+        if self.config.unseen_score == "mean":
+            seen = self.num_samples - self.unseen_count
+            score = self.seen_sum / seen if seen else 0.0
+        else:
+            score = self.max_score
+        # Before any loss arrives (or while all are 0) every unseen sample weighs 1: uniform among them.
+        return float(self._weight(score)) if score > 0 else 1.0
+
+    def mix(self, step: int) -> float:
+        """Uniform mix in effect at ``step`` (raised while a recalibration holds)."""
+        return max(self.config.uniform_mix, self.recal_mix) if step < self.recal_until else self.config.uniform_mix
+
+    def beta(self, step: int) -> float:
+        c = self.config
+        if c.is_anneal_steps == 0:
+            return 1.0
+        return c.is_exponent_start + (1.0 - c.is_exponent_start) * min(1.0, max(step, 0) / c.is_anneal_steps)
+
+    def _mass(self) -> tuple[float, float]:
+        """(tree mass, unseen-group mass): sum of s^alpha over seen samples, U * M^alpha."""
+        return self.tree.total, self.unseen_count * self._unseen_weight()
+
+    def probabilities(self, indices: np.ndarray, step: int) -> np.ndarray:
+        """p_i of ``indices`` (float64, same shape) under the distribution used at ``step``."""
+        idx = np.asarray(indices, dtype=np.int64)
+        mix = self.mix(step)
+        tree_mass, unseen_mass = self._mass()
+        z = tree_mass + unseen_mass
+        if not z > 0:
+            return np.full(idx.shape, 1.0 / self.num_samples)
+        w = np.where(self.seen[idx], self.tree.values(idx), self._unseen_weight())
+        return (1.0 - mix) * w / z + mix / self.num_samples
+
+    # ------------------------------------------------------------------ drawing
+    def _draw_unseen(self, count: int) -> np.ndarray:
+        """``count`` unseen samples, uniform among the unseen, with replacement."""
+        out, have = np.empty(count, dtype=np.int64), 0
+        while have < count:
+            cand = self._unseen_list[self.rng.integers(0, self._unseen_list.size, size=2 * (count - have))]
+            cand = cand[~self.seen[cand]][:count - have]  # list holds >= 1/2 unseen (compacted in update)
+            out[have:have + cand.size] = cand
+            have += cand.size
+        return out
+
+    def _draw(self, count: int, mix: float) -> np.ndarray:
+        """``count`` i.i.d. draws from p (int64, (count,)), in random order."""
+        tree_mass, unseen_mass = self._mass()
+        z = tree_mass + unseen_mass
+        if not z > 0:  # every score is 0 and nothing unseen: no priority information, sample uniformly
+            self.uniform_fallbacks += 1
+            mix = 1.0
+        n_uniform = int(self.rng.binomial(count, mix)) if mix < 1.0 else count
+        n_unseen = int(self.rng.binomial(count - n_uniform, unseen_mass / z)) if z > 0 else 0
+        n_tree = count - n_uniform - n_unseen
+        parts = [self.rng.integers(0, self.num_samples, size=n_uniform)]
+        if n_unseen:
+            parts.append(self._draw_unseen(n_unseen))
+        if n_tree:
+            parts.append(self.tree.draw(n_tree, self.rng))
+        return self.rng.permutation(np.concatenate(parts))
+
+    def _draw_distinct(self, count: int, mix: float) -> np.ndarray:
+        """``count`` distinct samples: repeated draws from p, duplicates rejected (``replacement=False``)."""
+        if count > self.num_samples:
+            raise ValueError(f"cannot draw {count} distinct samples from {self.num_samples}; "
+                             "set sample_priority.replacement=True or lower the global batch size")
+        taken = np.zeros(self.num_samples, dtype=bool)
+        chosen = np.empty(0, dtype=np.int64)
+        for _ in range(_MAX_REJECTION_ROUNDS):
+            need = count - chosen.size
+            if need == 0:
+                break
+            cand = self._draw(2 * need, mix)
+            cand = cand[~taken[cand]]
+            _, first = np.unique(cand, return_index=True)
+            cand = cand[np.sort(first)][:need]  # keep draw order among the new distinct ones
+            taken[cand] = True
+            chosen = np.concatenate([chosen, cand])
+        if chosen.size < count:  # a very peaked p keeps redrawing the same items: fill uniformly
+            rest = np.flatnonzero(~taken)
+            chosen = np.concatenate([chosen, self.rng.choice(rest, size=count - chosen.size, replace=False)])
+        return chosen
+
+    def plan(self, step: int, batch_sizes: Sequence[int]) -> SamplePlan:
+        """Indices and importance weights for every worker at ``step``; worker i gets ``batch_sizes[i]``."""
+        sizes = [int(b) for b in batch_sizes]
+        if not sizes or min(sizes) < 0:
+            raise ValueError(f"batch_sizes must be non-negative integers, got {list(batch_sizes)}")
+        total = sum(sizes)
+        mix = self.mix(step)
+        indices = self._draw(total, mix) if self.config.replacement else self._draw_distinct(total, mix)
+        beta = self.beta(step)
+        # (N p)^-beta; the floor only matters for a uniform fill of replacement=False at mix 0 (p = 0)
+        weights = np.power(np.maximum(self.num_samples * self.probabilities(indices, step), 1e-12), -beta)
+        if weights.size:
+            weights /= weights.max()
+        self.samples_drawn += total
+        self._last_mix, self._last_beta = mix, beta
+        cuts = np.cumsum(sizes)[:-1]
+        return SamplePlan(step=step, indices=tuple(np.split(indices, cuts)),
+                          weights=tuple(np.split(weights.astype(np.float32), cuts)))
+
+    # ------------------------------------------------------------------ feedback
+    def update(self, indices: np.ndarray, losses: np.ndarray, step: int) -> ContinuityVerdict | None:
+        """Record per-sample losses from ``step`` (int (B,), float (B,)). Duplicates: the last one wins.
+
+        Non-finite losses are dropped; negative ones count as 0 (a score is a sampling weight).
+        Returns the continuity verdict if a check ran at this step.
+        """
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        loss = np.asarray(losses, dtype=np.float64).ravel()
+        if idx.shape != loss.shape:
+            raise ValueError(f"update: {idx.size} indices vs {loss.size} losses; pass one loss per index")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
+            raise IndexError(f"update: sample indices must lie in [0, {self.num_samples})")
+        ok = np.isfinite(loss)
+        idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
+        if idx.size:
+            uniq, first_rev = np.unique(idx[::-1], return_index=True)
+            loss = loss[::-1][first_rev]
+            was_seen = self.seen[uniq]
+            old = self.scores[uniq]
+            if self.config.score == "loss_ema":
+                a = self.config.score_ema
+                new = np.where(was_seen, (1.0 - a) * old + a * loss, loss)
+            else:
+                new = loss
+            self.seen_sum += float(new.sum() - old[was_seen].sum())
+            self.scores[uniq] = new
+            self.seen[uniq] = True
+            self.last_step[uniq] = step
+            self.unseen_count -= int(np.count_nonzero(~was_seen))
+            self.max_score = max(self.max_score, float(new.max()))
+            self.tree.update(uniq, self._weight(new))
+            if self.unseen_count and self.unseen_count * 2 < self._unseen_list.size:
+                self._unseen_list = self._unseen_list[~self.seen[self._unseen_list]]
+        if self.config.staleness_decay > 0:
+            self._decay_stale(step)
+        if self.monitor is not None and self.monitor.due(step) and self._last_check_step != step:
+            self._last_check_step = step
+            t0, recal_before = time.perf_counter(), self.recalibration_seconds
+            verdict = self.check(step)
+            self.check_seconds += time.perf_counter() - t0 - (self.recalibration_seconds - recal_before)
+            return verdict
+        return None
+
+    def _decay_stale(self, step: int) -> None:
+        if self._last_sweep_step is None:
+            self._last_sweep_step = step
+            return
+        steps = min(step - self._last_sweep_step, self._cycle)
+        if steps <= 0:
+            return
+        self._last_sweep_step = step
+        count = min(steps * self._chunk, self.num_samples)
+        idx = (self._cursor + np.arange(count, dtype=np.int64)) % self.num_samples
+        self._cursor = int((self._cursor + count) % self.num_samples)
+        idx = np.sort(idx[self.seen[idx]])
+        overdue = step - self.last_step[idx] - self.config.stale_after
+        idx, overdue = idx[overdue > 0], overdue[overdue > 0]
+        seen_total = self.num_samples - self.unseen_count
+        if idx.size == 0 or seen_total == 0:
+            return
+        mean = self.seen_sum / seen_total
+        # Decay for the steps since the previous visit (one cycle ago) or since the score went stale.
+        factor = np.power(1.0 - self.config.staleness_decay, np.minimum(overdue, self._cycle))
+        old = self.scores[idx]
+        new = mean + (old - mean) * factor
+        self.seen_sum += float(new.sum() - old.sum())
+        self.scores[idx] = new
+        self.tree.update(idx, self._weight(new))
+
+    # ------------------------------------------------------------------ continuity
+    def check(self, step: int) -> ContinuityVerdict | None:
+        """Run the continuity check now on s^alpha of the seen samples; recalibrate on a collapse."""
+        if self.monitor is None:
+            return None
+        limit = self.monitor.config.max_check_items
+        if self.num_samples > limit:
+            sub = self.rng.integers(0, self.num_samples, size=limit)
+            priorities = self.tree.values(sub[self.seen[sub]])
+        elif self.unseen_count == 0:  # a view of the leaves: no copy of N floats
+            priorities = self.tree.tree[self.tree.num_leaves:self.tree.num_leaves + self.num_samples]
+        else:
+            priorities = self.tree.values()[self.seen]
+        if priorities.size < 16:  # too little feedback yet to judge a distribution
+            return None
+        verdict = self.monitor.check(priorities, step)
+        # While a recalibration is held, a repeated detection is counted but not acted on again: the
+        # scores need fresh losses to recover, and stacking noise would only randomise them.
+        if verdict.recalibration is not None and step >= self.recal_until:
+            t0 = time.perf_counter()
+            self._recalibrate(verdict)
+            self.recalibration_seconds += time.perf_counter() - t0
+        return verdict
+
+    def _recalibrate(self, verdict: ContinuityVerdict) -> None:
+        recal = verdict.recalibration
+        seen = np.flatnonzero(self.seen)
+        new = recalibrate_priorities(self.scores[seen], recal, self.rng)
+        self.scores[seen] = new
+        self.seen_sum = float(new.sum())
+        self.max_score = float(new.max()) if new.size else 0.0
+        weights = np.zeros(self.num_samples)
+        weights[seen] = self._weight(new)
+        self.tree.set_all(weights)  # O(N), only on a collapse
+        self.recal_mix, self.recal_until = recal.uniform_mix, recal.until_step
+        self.recalibrations += 1
+
+    def stats(self) -> dict[str, float]:
+        nan = float("nan")
+        last = self.monitor.last if self.monitor is not None else None
+        m = last.measures if last is not None else None
+        return {
+            "normalized_ess": m.normalized_ess if m else nan,
+            "normalized_entropy": m.normalized_entropy if m else nan,
+            "tie_fraction": m.tie_fraction if m else nan,
+            "recalibrations": float(self.recalibrations),
+            "collapsed_flat": float(self.monitor.collapsed_flat if self.monitor else 0),
+            "collapsed_peaked": float(self.monitor.collapsed_peaked if self.monitor else 0),
+            "continuity_checks": float(self.monitor.checks if self.monitor else 0),
+            "uniform_mix": float(self._last_mix),
+            "beta": float(self._last_beta),
+            "seen_fraction": 1.0 - self.unseen_count / self.num_samples,
+            "epoch": self.samples_drawn / self.num_samples,
+            "uniform_fallbacks": float(self.uniform_fallbacks),
+            "continuity_seconds": self.check_seconds,
+            "recalibration_seconds": self.recalibration_seconds,
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: numpy arrays and plain values (the sum-tree is rebuilt)."""
+        d: dict[str, Any] = {
+            "num_samples": self.num_samples, "scores": self.scores.copy(), "seen": self.seen.copy(),
+            "last_step": self.last_step.copy(), "max_score": self.max_score, "recal_mix": self.recal_mix,
+            "recal_until": self.recal_until, "cursor": self._cursor, "last_sweep_step": self._last_sweep_step,
+            "last_check_step": self._last_check_step, "samples_drawn": self.samples_drawn,
+            "recalibrations": self.recalibrations, "uniform_fallbacks": self.uniform_fallbacks,
+            "rng": self.rng.bit_generator.state,
+        }
+        if self.monitor is not None:
+            d["monitor"] = {"checks": self.monitor.checks, "collapsed_flat": self.monitor.collapsed_flat,
+                            "collapsed_peaked": self.monitor.collapsed_peaked,
+                            "rng": self.monitor.rng.bit_generator.state}
+        return d
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        if int(d["num_samples"]) != self.num_samples:
+            raise ValueError(f"checkpoint has a table of {d['num_samples']} samples, this data set has "
+                             f"{self.num_samples}; sample priorities only resume on the same data set")
+        self.scores = np.array(d["scores"], dtype=np.float64)
+        self.seen = np.array(d["seen"], dtype=bool)
+        self.last_step = np.array(d["last_step"], dtype=np.int64)
+        self.max_score, self.recal_mix, self.recal_until = float(d["max_score"]), float(d["recal_mix"]), int(d["recal_until"])
+        self._cursor, self._last_sweep_step = int(d["cursor"]), d["last_sweep_step"]
+        self._last_check_step, self.samples_drawn = d["last_check_step"], int(d["samples_drawn"])
+        self.recalibrations, self.uniform_fallbacks = int(d["recalibrations"]), int(d["uniform_fallbacks"])
+        self.rng.bit_generator.state = d["rng"]
+        self._unseen_list = np.flatnonzero(~self.seen).astype(np.int64)
+        self.unseen_count = int(self._unseen_list.size)
+        self.seen_sum = float(self.scores[self.seen].sum())
+        self.tree.set_all(np.where(self.seen, self._weight(self.scores), 0.0))
+        if self.monitor is not None and "monitor" in d:
+            m = d["monitor"]
+            self.monitor.checks, self.monitor.collapsed_flat = int(m["checks"]), int(m["collapsed_flat"])
+            self.monitor.collapsed_peaked = int(m["collapsed_peaked"])
+            self.monitor.rng.bit_generator.state = m["rng"]

@@ -1,0 +1,155 @@
+"""Continuity check: the measures are right, collapses either way are caught, recalibration recovers."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pdml_ray.config import ContinuityConfig
+from pdml_ray.priority.continuity import ContinuityMonitor, Recalibration, measure, recalibrate_priorities
+
+
+def test_measures_of_known_vectors():
+    n = 1000
+    uniform = measure(np.full(n, 3.0))
+    assert uniform.normalized_ess == pytest.approx(1.0)
+    assert uniform.normalized_entropy == pytest.approx(1.0)
+    assert uniform.tie_fraction == 1.0
+
+    one_hot = np.zeros(n)
+    one_hot[7] = 5.0
+    m = measure(one_hot)
+    assert m.normalized_ess == pytest.approx(1.0 / n)
+    assert m.normalized_entropy == pytest.approx(0.0, abs=1e-12)
+
+    # k equal items out of n: ESS = k / n, entropy = log k / log n.
+    k_hot = np.zeros(n)
+    k_hot[:50] = 2.0
+    m = measure(k_hot)
+    assert m.normalized_ess == pytest.approx(50 / n)
+    assert m.normalized_entropy == pytest.approx(math.log(50) / math.log(n))
+
+    # Exponential scores: ESS = (E s)^2 / E s^2 = 1/2; no ties.
+    expo = measure(np.random.default_rng(0).exponential(size=200_000), max_items=None)
+    assert expo.normalized_ess == pytest.approx(0.5, abs=0.01)
+    assert expo.tie_fraction < 0.01
+
+
+def test_measure_edge_cases_and_scale_invariance():
+    assert measure(np.array([4.0])).normalized_ess == 1.0
+    assert measure(np.zeros(10)).normalized_ess == 1.0  # nothing to prefer: uniform
+    p = np.random.default_rng(1).exponential(size=500)
+    a, b = measure(p), measure(p * 1e200)
+    assert a.normalized_ess == pytest.approx(b.normalized_ess, rel=1e-9)
+    assert a.normalized_entropy == pytest.approx(b.normalized_entropy, rel=1e-9)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        measure(np.array([1.0, -1.0]))
+    with pytest.raises(ValueError, match="empty"):
+        measure(np.array([]))
+
+
+def test_subsampled_measure_tracks_full_measure():
+    rng = np.random.default_rng(2)
+    p = rng.lognormal(0.0, 1.0, size=1_000_000)  # ESS = exp(-sigma^2) = 0.368
+    m = measure(p, max_items=1 << 16, rng=rng)
+    assert m.num_items == 1 << 16
+    assert m.normalized_ess == pytest.approx(math.exp(-1.0), rel=0.05)
+
+
+def test_healthy_loss_distributions_are_not_flagged():
+    mon = ContinuityMonitor(ContinuityConfig())
+    rng = np.random.default_rng(3)
+    n = 20_000
+    # Losses at initialisation: narrow (CV 2%) but continuous -> ESS > 0.999, yet no ties.
+    assert mon.check(0.69 * (1 + 0.02 * rng.standard_normal(n)), 0).healthy
+    # Typical mid-training losses.
+    assert mon.check(rng.exponential(size=n), 10).healthy
+    # Imbalanced data: 0.5% rare samples carry most of the loss (ESS ~ 0.005).
+    losses = rng.exponential(0.01, size=n)
+    losses[: n // 200] = rng.uniform(2, 5, size=n // 200)
+    v = mon.check(losses, 20)
+    assert v.healthy and 0.002 < v.measures.normalized_ess < 0.02
+    assert mon.collapsed_flat == 0 and mon.collapsed_peaked == 0
+
+
+def test_naive_percentile_check_misses_a_peak_that_this_catches():
+    # The source article's check: share below the 20th / above the 80th percentile >= 0.2.
+    def proof_of_continuity(p, threshold=0.2):
+        low = np.mean(p < np.percentile(p, 20))
+        high = np.mean(p > np.percentile(p, 80))
+        return low >= threshold and high >= threshold
+
+    rng = np.random.default_rng(4)
+    peaked = rng.uniform(1.0, 2.0, size=10_000)
+    peaked[:3] = 1e7  # three samples take ~100% of the probability
+    assert proof_of_continuity(peaked)  # "healthy" to the naive check
+    assert ContinuityMonitor(ContinuityConfig()).check(peaked, 0).collapse == "peaked"
+
+
+def _drive(kind: str, steps: int, cfg: ContinuityConfig, seed: int = 5):
+    """Priorities evolving step by step into a collapse; returns (monitor, first detection step, p)."""
+    rng = np.random.default_rng(seed)
+    n = 10_000
+    p = rng.lognormal(0.0, 1.0, size=n)
+    mon = ContinuityMonitor(cfg)
+    detected = None
+    for step in range(1, steps + 1):
+        if kind == "flat":  # a deriver that stops discriminating: scores shrink towards their mean
+            p = p.mean() + 0.6 * (p - p.mean())
+        else:  # a deriver that fixates on a handful of items: their scores grow 50% a step
+            p[:5] *= 1.5
+        if mon.due(step):
+            v = mon.check(p, step)
+            if not v.healthy and detected is None:
+                detected = step
+                return mon, detected, p, v
+    return mon, detected, p, None
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked"])
+def test_collapse_is_detected_within_50_steps_and_recalibration_recovers(kind):
+    cfg = ContinuityConfig(check_interval=10)
+    mon, detected, p, verdict = _drive(kind, 200, cfg)
+    # First step at which the collapse condition actually holds (checked every step on a copy).
+    probe = ContinuityMonitor(ContinuityConfig(check_interval=1))
+    rng = np.random.default_rng(5)
+    q = rng.lognormal(0.0, 1.0, size=10_000)
+    onset = None
+    for step in range(1, 201):
+        if kind == "flat":
+            q = q.mean() + 0.6 * (q - q.mean())
+        else:
+            q[:5] *= 1.5
+        if not probe.check(q, step).healthy:
+            onset = step
+            break
+    assert onset is not None and onset > 1, "the drive must start from a healthy distribution"
+    assert detected is not None and detected - onset < 50
+    assert verdict.collapse == kind
+    assert getattr(mon, f"collapsed_{kind}") == 1
+    recal = verdict.recalibration
+    assert isinstance(recal, Recalibration) and recal.until_step == detected + cfg.recalibration_steps
+    assert recal.uniform_mix == cfg.recalibration_mix
+    fixed = recalibrate_priorities(p, recal, np.random.default_rng(0))
+    after = mon.check(fixed, detected + 1)
+    assert after.healthy, after.reason
+    if kind == "peaked":
+        assert after.measures.normalized_ess > 10 * verdict.measures.normalized_ess
+
+
+def test_recalibration_compresses_peaks_geometrically():
+    p = np.array([1.0, 1.0, 1.0, 1e6, 0.0])
+    recal = Recalibration(kind="peaked", noise=0.0, reset_fraction=0.5, uniform_mix=0.5, until_step=10)
+    out = recalibrate_priorities(p, recal, np.random.default_rng(0))
+    np.testing.assert_allclose(out, [1.0, 1.0, 1.0, 1e3, 0.0])  # prior = median of positives = 1
+
+
+def test_config_messages_say_how_to_fix():
+    with pytest.raises(ValueError, match="max_tie_fraction must be in \\(0.5, 1\\]"):
+        ContinuityConfig(max_tie_fraction=0.3)
+    with pytest.raises(ValueError, match="check_interval must be an integer >= 1"):
+        ContinuityConfig(check_interval=0)
+    with pytest.raises(ValueError, match="min_normalized_ess must be >= 0 and below max_normalized_ess"):
+        ContinuityConfig(min_normalized_ess=0.5, max_normalized_ess=0.4)
+    with pytest.raises(ValueError, match="reset_fraction must be in \\[0, 1\\]"):
+        ContinuityConfig(reset_fraction=1.5)

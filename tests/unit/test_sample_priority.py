@@ -1,0 +1,220 @@
+"""SamplePrioritizer: draws follow p, weights make estimates unbiased, the table behaves and survives checkpoints."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdml_ray.config import ContinuityConfig, SamplePriorityConfig
+from pdml_ray.priority.sample import SamplePrioritizer
+
+
+def _seeded(n: int, scores: np.ndarray, **cfg) -> SamplePrioritizer:
+    sp = SamplePrioritizer(n, SamplePriorityConfig(**cfg), seed=0)
+    sp.update(np.arange(n), scores, step=0)
+    return sp
+
+
+def test_probabilities_follow_the_formula_and_sum_to_one():
+    n = 50
+    scores = np.linspace(0.0, 3.0, n)
+    sp = _seeded(n, scores, exponent=2.0, uniform_mix=0.2)
+    p = sp.probabilities(np.arange(n), step=1)
+    expected = 0.8 * scores**2 / (scores**2).sum() + 0.2 / n
+    np.testing.assert_allclose(p, expected, rtol=1e-12)
+    assert p.sum() == pytest.approx(1.0)
+
+
+def test_draw_frequencies_match_p_chi_square():
+    n = 20
+    scores = np.random.default_rng(0).exponential(size=n)
+    sp = _seeded(n, scores, exponent=1.5, uniform_mix=0.1)
+    counts = np.zeros(n)
+    for step in range(1, 201):
+        plan = sp.plan(step, [100, 100])
+        counts += np.bincount(np.concatenate(plan.indices), minlength=n)
+    expected = counts.sum() * sp.probabilities(np.arange(n), 1)
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 43.82  # 99.9% quantile, 19 degrees of freedom
+
+
+def test_importance_weighted_gradient_is_unbiased_with_beta_1():
+    """Weighted mean of per-sample gradients of a linear model over priority draws == the uniform mean."""
+    rng = np.random.default_rng(1)
+    n, d = 400, 3
+    x = rng.standard_normal((n, d))
+    y = (x @ np.array([1.0, -2.0, 0.5]) + 0.3 * rng.standard_normal(n) > 1.5).astype(float)  # rare-ish 1s
+    w = np.array([0.2, 0.1, -0.3])
+    grads = ((x @ w - y)[:, None] * x)                      # (n, d) squared-loss gradients
+    losses = 0.5 * (x @ w - y) ** 2
+    sp = _seeded(n, losses, exponent=1.0, uniform_mix=0.05, is_exponent_start=1.0, is_anneal_steps=0)
+    estimates, naive = [], []
+    for step in range(1, 401):
+        plan = sp.plan(step, [64])
+        idx = plan.indices[0]
+        inv = 1.0 / (n * sp.probabilities(idx, step))     # (B,) un-normalised weights, beta = 1
+        np.testing.assert_allclose(plan.weights[0], inv / inv.max(), rtol=1e-5)
+        estimates.append((inv[:, None] * grads[idx]).mean(axis=0))
+        naive.append(grads[idx].mean(axis=0))
+    estimates, naive = np.array(estimates), np.array(naive)
+    truth = grads.mean(axis=0)
+    se = estimates.std(axis=0, ddof=1) / np.sqrt(len(estimates))
+    assert np.all(np.abs(estimates.mean(axis=0) - truth) < 4 * se), (estimates.mean(axis=0), truth, se)
+    # The test has power: without the weights the same draws are far off.
+    se_naive = naive.std(axis=0, ddof=1) / np.sqrt(len(naive))
+    assert np.any(np.abs(naive.mean(axis=0) - truth) > 8 * se_naive)
+
+
+def test_unseen_samples_get_the_max_score_so_far():
+    n = 100
+    sp = SamplePrioritizer(n, SamplePriorityConfig(uniform_mix=0.0), seed=0)
+    p0 = sp.probabilities(np.arange(n), 0)
+    np.testing.assert_allclose(p0, 1.0 / n)  # nothing seen: uniform
+    sp.update(np.array([0, 1, 2]), np.array([1.0, 4.0, 2.0]), step=0)
+    p = sp.probabilities(np.arange(n), 1)
+    assert p[5] == pytest.approx(p[1])  # unseen == the max (4.0)
+    assert p[0] == pytest.approx(p[1] / 4)
+    sp.update(np.array([1]), np.array([0.5]), step=1)  # the max ever seen stays the reference
+    assert sp.probabilities(np.array([5]), 2)[0] == pytest.approx(4 * sp.probabilities(np.array([0]), 2)[0])
+    assert sp.stats()["seen_fraction"] == pytest.approx(0.03)
+    mean_sp = SamplePrioritizer(n, SamplePriorityConfig(uniform_mix=0.0, unseen_score="mean"), seed=0)
+    mean_sp.update(np.array([0, 1, 2]), np.array([1.0, 4.0, 1.0]), step=0)
+    assert mean_sp.probabilities(np.array([9]), 1)[0] == pytest.approx(2 * mean_sp.probabilities(np.array([0]), 1)[0])
+
+
+def test_unseen_samples_are_drawn_first():
+    n = 1000
+    sp = SamplePrioritizer(n, SamplePriorityConfig(uniform_mix=0.0), seed=0)
+    sp.update(np.arange(10), np.full(10, 1.0), step=0)  # 10 seen, all at the max: equal weight
+    idx = np.concatenate(sp.plan(1, [500]).indices)
+    assert np.mean(idx >= 10) > 0.97  # 990 of 1000 samples are unseen
+
+
+def test_update_duplicates_last_wins_and_ema():
+    sp = SamplePrioritizer(10, SamplePriorityConfig(score="loss"), seed=0)
+    sp.update(np.array([3, 3, 4]), np.array([1.0, 5.0, 2.0]), step=0)
+    assert sp.scores[3] == 5.0 and sp.scores[4] == 2.0
+    ema = SamplePrioritizer(10, SamplePriorityConfig(score="loss_ema", score_ema=0.25), seed=0)
+    ema.update(np.array([3]), np.array([4.0]), step=0)
+    ema.update(np.array([3]), np.array([8.0]), step=1)
+    assert ema.scores[3] == pytest.approx(0.75 * 4.0 + 0.25 * 8.0)
+    sp.update(np.array([5, 6]), np.array([np.nan, -3.0]), step=2)  # NaN dropped, negative -> 0
+    assert not sp.seen[5] and sp.seen[6] and sp.scores[6] == 0.0
+    with pytest.raises(ValueError, match="one loss per index"):
+        sp.update(np.array([1, 2]), np.array([1.0]), step=3)
+
+
+def test_staleness_decay_pulls_old_scores_to_the_mean_in_sweeps():
+    n = 1000
+    cfg = SamplePriorityConfig(staleness_decay=0.5, stale_after=10, uniform_mix=0.0)
+    sp = SamplePrioritizer(n, cfg, seed=0)
+    scores = np.ones(n)
+    scores[0] = 101.0  # mean = 1.1
+    sp.update(np.arange(n), scores, step=0)
+    mean = scores.mean()
+    assert sp._chunk == 100  # N / stale_after samples visited per step: never all N
+    for step in range(1, 40):
+        sp.update(np.array([1]), np.array([1.0]), step=step)  # keep sample 1 fresh
+    assert abs(sp.scores[0] - mean) < 0.05 * (101.0 - mean)  # decayed most of the way
+    assert sp.scores[1] == 1.0
+    assert sp.seen_sum == pytest.approx(sp.scores.sum())
+    assert sp.tree.total == pytest.approx(sp.scores.sum())
+
+
+def test_without_replacement_draws_distinct_indices():
+    n = 300
+    sp = _seeded(n, np.random.default_rng(2).exponential(size=n) ** 4, replacement=False, uniform_mix=0.0)
+    plan = sp.plan(1, [100, 150, 50])
+    idx = np.concatenate(plan.indices)
+    assert idx.size == 300 and np.unique(idx).size == 300
+    with pytest.raises(ValueError, match="replacement=True"):
+        sp.plan(2, [301])
+
+
+def test_all_zero_scores_fall_back_to_uniform():
+    n = 40
+    sp = _seeded(n, np.zeros(n), uniform_mix=0.0)
+    idx = np.concatenate(sp.plan(1, [400]).indices)
+    assert np.unique(idx).size > 30
+    assert sp.stats()["uniform_fallbacks"] == 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), n=st.integers(1, 200), step=st.integers(0, 3000))
+def test_property_plan_shapes_and_weights(sizes, n, step):
+    sp = SamplePrioritizer(n, SamplePriorityConfig(), seed=1)
+    sp.update(np.arange(n), np.random.default_rng(n).exponential(size=n), step=0)
+    plan = sp.plan(step, sizes)
+    plan.validate(tuple(sizes), n)
+    w = np.concatenate(plan.weights)
+    if w.size:
+        assert w.max() == pytest.approx(1.0) and w.min() > 0
+
+
+def test_beta_anneals_to_one():
+    sp = SamplePrioritizer(10, SamplePriorityConfig(is_exponent_start=0.4, is_anneal_steps=100), seed=0)
+    assert sp.beta(0) == pytest.approx(0.4)
+    assert sp.beta(50) == pytest.approx(0.7)
+    assert sp.beta(100) == 1.0 and sp.beta(10_000) == 1.0
+
+
+def test_peaked_collapse_is_caught_and_recalibrated_through_updates():
+    n = 5000
+    cfg = SamplePriorityConfig(uniform_mix=0.1)
+    cont = ContinuityConfig(check_interval=10, recalibration_steps=30, recalibration_mix=0.5)
+    sp = SamplePrioritizer(n, cfg, cont, seed=0)
+    rng = np.random.default_rng(3)
+    sp.update(np.arange(n), rng.exponential(size=n), step=0)
+    detected = None
+    for step in range(1, 100):
+        sp.plan(step, [64])
+        # The deriver fixates: 3 samples' losses grow 40% a step, the rest stay put.
+        sp.update(np.arange(3), sp.scores[:3] * 1.4 + 1.0, step)
+        if detected is None and sp.stats()["collapsed_peaked"] >= 1:
+            detected = step
+            assert sp.mix(step) == 0.5 and sp.mix(step + 29) == 0.5 and sp.mix(step + 30) == 0.1
+            assert sp.stats()["normalized_ess"] < cont.min_normalized_ess
+            break
+    assert detected is not None and detected <= 50
+    assert sp.stats()["recalibrations"] == 1.0
+    assert sp.check(detected + 1).healthy  # the recalibrated table is a healthy distribution again
+
+
+def test_state_dict_round_trip():
+    n = 500
+    cfg = SamplePriorityConfig(staleness_decay=0.1, stale_after=5)
+    a = SamplePrioritizer(n, cfg, ContinuityConfig(), seed=7)
+    rng = np.random.default_rng(4)
+    for step in range(30):
+        idx = np.concatenate(a.plan(step, [20, 12]).indices)
+        a.update(idx, rng.exponential(size=idx.size), step)
+    state = a.state_dict()
+    assert all(isinstance(v, (np.ndarray, int, float, dict, type(None))) for v in state.values())
+    b = SamplePrioritizer(n, cfg, ContinuityConfig(), seed=123)
+    b.load_state_dict(state)
+    losses = rng.exponential(size=32)
+    for step in range(30, 40):
+        pa, pb = a.plan(step, [20, 12]), b.plan(step, [20, 12])
+        for ia, ib, wa, wb in zip(pa.indices, pb.indices, pa.weights, pb.weights):
+            np.testing.assert_array_equal(ia, ib)
+            np.testing.assert_allclose(wa, wb, rtol=1e-6)
+        idx = np.concatenate(pa.indices)
+        a.update(idx, losses, step)
+        b.update(idx, losses, step)
+    np.testing.assert_allclose(a.scores, b.scores)
+    assert a.stats() == pytest.approx(b.stats(), nan_ok=True, abs=1e-3)
+    with pytest.raises(ValueError, match="same data set"):
+        SamplePrioritizer(n + 1, cfg).load_state_dict(state)
+
+
+def test_config_messages_say_how_to_fix():
+    with pytest.raises(ValueError, match="exponent must be in \\[0, 10\\]"):
+        SamplePriorityConfig(exponent=-1.0)
+    with pytest.raises(ValueError, match="uniform_mix must be in \\[0, 1\\]"):
+        SamplePriorityConfig(uniform_mix=1.5)
+    with pytest.raises(ValueError, match="unseen_score must be 'max' or 'mean'"):
+        SamplePriorityConfig(unseen_score="min")
+    with pytest.raises(ValueError, match="score must be 'loss' or 'loss_ema'"):
+        SamplePriorityConfig(score="grad")
+    with pytest.raises(ValueError, match="num_samples >= 1"):
+        SamplePrioritizer(0)
