@@ -1,4 +1,4 @@
-"""``pdml-ray``: the command line. Subcommands: demo, bench NAME, status, simulate."""
+"""pdml-ray: priority-derived distributed PyTorch training on Ray (demo, bench NAME, status, simulate)."""
 
 from __future__ import annotations
 

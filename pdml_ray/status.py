@@ -26,12 +26,26 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
+def _probe(address: str) -> None:
+    """Fail in seconds, not after Ray's minute of retries, when nothing listens at the address."""
+    import socket
+
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    host, _, port = canonicalize_bootstrap_address_or_die(address).rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {host}:{port} ({e.strerror or e})") from e
+
+
 def run(args: argparse.Namespace) -> int:
     import ray
 
     from actors.scheduler import find_scheduler
 
     try:
+        _probe(args.address)
         ray.init(address=args.address, log_to_driver=False)
     except ConnectionError as e:
         print(f"no Ray cluster at {args.address!r}: {e}\nstart one with `ray start --head` or run `pdml-ray demo`")
