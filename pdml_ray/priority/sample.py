@@ -97,7 +97,7 @@ class SamplePrioritizer:
         else:
             score = self.max_score
         # Before any loss arrives (or while all are 0) every unseen sample weighs 1: uniform among them.
-        return float(self._weight(score)) if score > 0 else 1.0
+        return float(score) ** self.config.exponent if score > 0 else 1.0
 
     def mix(self, step: int) -> float:
         """Uniform mix in effect at ``step`` (raised while a recalibration holds)."""
@@ -224,7 +224,7 @@ class SamplePrioritizer:
             self.last_step[uniq] = step
             self.unseen_count -= int(np.count_nonzero(~was_seen))
             self.max_score = max(self.max_score, float(new.max()))
-            self.tree.update(uniq, self._weight(new))
+            self.tree.update(uniq, self._weight(new), unique=True)
             if self.unseen_count and self.unseen_count * 2 < self._unseen_list.size:
                 self._unseen_list = self._unseen_list[~self.seen[self._unseen_list]]
         if self.config.staleness_decay > 0:
@@ -261,7 +261,7 @@ class SamplePrioritizer:
         new = mean + (old - mean) * factor
         self.seen_sum += float(new.sum() - old.sum())
         self.scores[idx] = new
-        self.tree.update(idx, self._weight(new))
+        self.tree.update(idx, self._weight(new), unique=True)
 
     # ------------------------------------------------------------------ continuity
     def check(self, step: int) -> ContinuityVerdict | None:

@@ -50,10 +50,11 @@ class SumTree:
         return float(self.tree[1])
 
     # ---------------------------------------------------------------- O(B log N)
-    def update(self, indices: np.ndarray, values: np.ndarray | float) -> None:
+    def update(self, indices: np.ndarray, values: np.ndarray | float, *, unique: bool = False) -> None:
         """Set ``s[indices] = values``. With duplicate indices the LAST occurrence wins.
 
-        indices: int (B,); values: float (B,) or a scalar, each finite and >= 0.
+        indices: int (B,); values: float (B,) or a scalar, each finite and >= 0. ``unique=True``
+        promises sorted indices without duplicates and skips the de-duplication.
         """
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size == 0:
@@ -63,16 +64,21 @@ class SumTree:
         if idx.min() < 0 or idx.max() >= self.num_items:
             raise IndexError(f"SumTree.update: indices must lie in [0, {self.num_items})")
         # Last write wins: np.unique on the reversed batch returns each index's first position there,
-        # i.e. its last position in the batch. The result is sorted, which the level loop relies on.
-        uniq, first_in_reversed = np.unique(idx[::-1], return_index=True)
-        vals = vals[::-1][first_in_reversed]
+        # i.e. its last position in the batch.
+        if unique:
+            uniq = idx
+        else:
+            uniq, first_in_reversed = np.unique(idx[::-1], return_index=True)
+            vals = vals[::-1][first_in_reversed]
         nodes = uniq + self.num_leaves
         self.tree[nodes] = vals
+        pairs = self.tree.reshape(-1, 2)  # row k = (tree[2k], tree[2k+1]): node k's children, one gather
         for _ in range(self.depth):
             # Sibling leaves share a parent, so ``nodes`` repeats entries; every copy writes the same
             # sum, so the repeats are harmless and cheaper than de-duplicating each level.
             nodes >>= 1
-            self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
+            children = pairs[nodes]  # (k, 2)
+            self.tree[nodes] = children[:, 0] + children[:, 1]
 
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """``count`` i.i.d. indices (int64, shape (count,)) with P(i) = s_i / sum(s), i.e. with replacement.
