@@ -5,8 +5,9 @@ finishes. The rule: an action may start when its dependencies are complete (and,
 arrived: ``transfer_s`` after completion) and, for a forward, when the replica holds fewer than
 ``plan.memory_limit`` activations. Without ``plan.reorder`` only the replica's next action in order is
 eligible; with it, the first eligible action in priority order, where an action may skip a blocked
-head only across a run of actions of its own kind (out-of-order arrivals don't idle the replica, but forwards and backwards keep the plan's
-interleaving, which is what bounds memory and keeps the critical forward chain first).
+head only across a run of actions of its own kind: out-of-order arrivals don't idle the replica, but
+forwards and backwards keep the plan's interleaving, which is what bounds memory and keeps the
+critical forward chain first.
 
 Deadlock freedom: ``validate`` checks that the in-order run finishes within the memory limit. With
 reorder, take a stuck state and the first action a* of the in-order run's sequence not yet done. Its

@@ -31,11 +31,13 @@ Orders = dict[tuple[int, int], tuple[Action, ...]]
 def list_schedule(num_stages: int, replicas: Sequence[int], num_microbatches: int, costs: Costs,
                   ranks: Sequence[Sequence[float]], caps: Sequence[int], *,
                   placement: dict[tuple[int, int], int] | None = None, transfer_s: float = 0.0,
-                  materialize: bool = True) -> tuple[Any, float]:
+                  materialize: bool = True, finish_times: dict[tuple[int, Kind, int], float] | None = None
+                  ) -> tuple[Any, float]:
     """Return (orders, predicted makespan in seconds) of a greedy run on the predicted costs.
 
     With ``materialize=False`` the orders come back raw (``[stage][replica] -> [(kind, m)]``), for
-    callers that compare candidates and build only the winner (``to_orders``).
+    callers that compare candidates and build only the winner (``to_orders``). ``finish_times``, if
+    given, receives (stage, kind, microbatch) -> predicted completion time (seconds).
     """
     S, M = num_stages, num_microbatches
     free_at = [[0.0] * replicas[k] for k in range(S)]  # (stage, replica) -> busy until (s)
@@ -86,6 +88,8 @@ def list_schedule(num_stages: int, replicas: Sequence[int], num_microbatches: in
                 free_at[k][r] = end
                 idle[k][r] = False
                 orders[k][r].append((kind, m))
+                if finish_times is not None:
+                    finish_times[(k, kind, m)] = end
                 heapq.heappush(events, (end, seq, what, k, r, m))
                 seq += 1
                 if end > makespan:
@@ -170,3 +174,75 @@ def in_order_makespan(orders: Orders, num_stages: int, costs: Costs, transfer_s:
         if not progressed:
             raise ValueError("in-order run deadlocks; validate the plan first")
     return max(free.values())
+
+
+def single_pipeline_schedule(forward_s: Sequence[float], backward_s: Sequence[float], num_microbatches: int,
+                             caps: Sequence[int], transfer_s: float = 0.0
+                             ) -> tuple[list[list[tuple[Kind, int]]], list[float]]:
+    """``list_schedule`` for one replica per stage with 1F1B's rule, specialised for speed.
+
+    With one replica per stage, forwards and backwards reach each stage in micro-batch order, so the
+    ready queues are FIFO lists and only the event times need a heap. Returns the raw order per
+    stage and the completion time (seconds) of each micro-batch's last backward (stage 0).
+    """
+    S, n = len(forward_s), num_microbatches
+    free = [True] * S
+    in_flight = [0] * S
+    f_next = [0] * S  # next micro-batch whose forward may run at stage k ...
+    f_avail = [0] * S  # ... and how many forwards have arrived there
+    f_avail[0] = n
+    b_next = [0] * S
+    b_avail = [0] * S
+    orders: list[list[tuple[Kind, int]]] = [[] for _ in range(S)]
+    done = [0.0] * n
+    events: list[tuple[float, int, int, int]] = []  # (t, seq, code, stage); code 0 F done, 1 B done, 2 F arrives, 3 B arrives
+    seq, now, touched = 0, 0.0, [0]
+    while True:
+        for k in touched:
+            if not free[k]:
+                continue
+            if b_next[k] < b_avail[k]:  # a ready backward first
+                end = now + backward_s[k]
+                orders[k].append((B, b_next[k]))
+                if k == 0:
+                    done[b_next[k]] = end
+                b_next[k] += 1
+                code = 1
+            elif f_next[k] < f_avail[k] and in_flight[k] < caps[k]:
+                end = now + forward_s[k]
+                orders[k].append((F, f_next[k]))
+                f_next[k] += 1
+                in_flight[k] += 1
+                code = 0
+            else:
+                continue
+            free[k] = False
+            heapq.heappush(events, (end, seq, code, k))
+            seq += 1
+        if not events:
+            return orders, done
+        now = events[0][0]
+        touched = []
+        while events and events[0][0] <= now:
+            _, _, code, k = heapq.heappop(events)
+            if code == 0:
+                free[k] = True
+                touched.append(k)
+                if k + 1 < S:
+                    heapq.heappush(events, (now + transfer_s, seq, 2, k + 1))
+                    seq += 1
+                else:
+                    b_avail[k] += 1  # the loss: B at the last stage follows its own F
+            elif code == 1:
+                free[k] = True
+                in_flight[k] -= 1
+                touched.append(k)
+                if k > 0:
+                    heapq.heappush(events, (now + transfer_s, seq, 3, k - 1))
+                    seq += 1
+            elif code == 2:
+                f_avail[k] += 1
+                touched.append(k)
+            else:
+                b_avail[k] += 1
+                touched.append(k)

@@ -10,7 +10,8 @@ measure -> derive -> decide, once per global step:
 3. Re-weighting with momentum: lane weights (micro-batch shares) move towards 1 / period, normalised:
    w <- momentum * w + (1 - momentum) * target, kept unchanged while the move is below
    ``rebalance_threshold`` (noise does not reshuffle plans).
-4. Greedy assignment: micro-batch m goes to the lane with the earliest predicted finish (``placement``);
+4. Greedy assignment: micro-batches go one at a time to the lane with the earliest predicted finish
+   (``_lane_plan``: each lane's finish time for n micro-batches, from list scheduling it alone);
    within a lane the replicas of consecutive stages are fixed, so micro-batches do not cross lanes
    (crossing couples every replica to every other; in the simulator that cost more than it gained).
    With unequal replica counts per stage there are no lanes: a ready forward goes to the replica of
@@ -31,10 +32,11 @@ Everything is deterministic given the measurements, so replay reproduces plans e
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
-from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, to_orders
+from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
 from pdml_ray.pipeline.plan import Kind, Measurement, Plan
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
 
@@ -141,27 +143,59 @@ class OspreyScheduler:
         uniform = [limit if limit is not None else S] * S
         return {"pipeline-depth": depth, "uniform": uniform} if uniform != depth else {"pipeline-depth": depth}
 
-    def placement(self) -> dict[tuple[int, int], int] | None:
-        """(stage, microbatch) -> replica, greedy by predicted finish time over lanes; None without lanes.
+    def _lane_plan(self, caps: Sequence[int]) -> tuple[list[list[list[tuple[Kind, int]]]], float, list[int]]:
+        """Raw orders, predicted makespan (s) and micro-batches per lane, for activation ``caps``.
 
-        Lane j given n micro-batches is predicted to finish at D_j + (n - 1) / (w_j * sum_i 1 / P_i):
-        D_j (s) is one micro-batch's F+B time through all of its replicas (fill and drain), and the
-        weighted rate reduces to 1 / P_j once the weights reach their target.
+        Lanes share no replica, so each is list-scheduled alone as a one-replica pipeline on its
+        members' EMA costs, for 10% (+1) more micro-batches than its weight suggests. The completion
+        times of successive micro-batches give the lane's finish time T_j(n) for n micro-batches
+        (extrapolated by the lane period beyond the run); assigning micro-batches one at a time to
+        the lane whose T_j(n_j + 1) is smallest (greedy by predicted finish time) minimises the
+        largest T_j exactly, since each T_j is nondecreasing. Each lane keeps the orders of its first
+        n_j micro-batches (a sub-run of a feasible run stays feasible).
         """
-        if not self.lanes:
-            return None
-        S, members, w = self.stages, self.lane_members(), self.weights
-        periods = [[self._period(k, members[k][j]) for k in range(S)] for j in range(self.lanes)]
-        rate = sum(1.0 / max(p) for p in periods)  # micro-batches/s of all lanes together
-        fill = [sum(p) for p in periods]
-        counts = [0] * self.lanes
-        place = {}
-        for m in range(self.microbatches):
-            j = min(range(self.lanes), key=lambda j: (fill[j] + counts[j] / (w[j] * rate), j))
+        S, L, M = self.stages, self.lanes, self.microbatches
+        members = self.lane_members()
+        curves: list[list[float]] = []
+        lane_raw: list[list[list[tuple[Kind, int]]]] = []
+        lane_costs, periods = [], []
+        for j in range(L):
+            f_s = [self.est[k][members[k][j]][0] for k in range(S)]
+            b_s = [self.est[k][members[k][j]][1] for k in range(S)]
+            lane_costs.append((f_s, b_s))
+            periods.append(max(f + b for f, b in zip(f_s, b_s)))
+            n_max = min(M, math.ceil(M * self.weights[j] * 1.1) + 1)
+            raw, done = single_pipeline_schedule(f_s, b_s, n_max, caps)
+            curve, latest = [], 0.0
+            for t in done:
+                latest = max(latest, t)
+                curve.append(latest)
+            curves.append(curve)
+            lane_raw.append(raw)
+
+        def finish_time(j: int, n: int) -> float:
+            c = curves[j]
+            return 0.0 if n == 0 else c[n - 1] if n <= len(c) else c[-1] + (n - len(c)) * periods[j]
+
+        counts = [0] * L
+        for _ in range(M):
+            j = min(range(L), key=lambda j: (finish_time(j, counts[j] + 1), j))
             counts[j] += 1
+        for j in range(L):
+            if counts[j] > len(curves[j]):  # ran past the lane's sized run: schedule it at full length
+                lane_raw[j], _ = single_pipeline_schedule(*lane_costs[j], counts[j], caps)
+        # Global micro-batch ids: spread the lanes' shares evenly over 0..M-1 (smooth weighted round-robin).
+        given = [0] * L
+        ids: list[list[int]] = [[] for _ in range(L)]
+        for m in range(M):
+            j = min((j for j in range(L) if given[j] < counts[j]), key=lambda j: ((given[j] + 1) / counts[j], j))
+            ids[j].append(m)
+            given[j] += 1
+        raw_global: list[list[list[tuple[Kind, int]]]] = [[[] for _ in range(self.replicas[k])] for k in range(S)]
+        for j in range(L):
             for k in range(S):
-                place[(k, m)] = members[k][j]
-        return place
+                raw_global[k][members[k][j]] = [(kind, ids[j][i]) for kind, i in lane_raw[j][k] if i < counts[j]]
+        return raw_global, max(finish_time(j, counts[j]) for j in range(L)), counts
 
     def _warm_plan(self, step: int) -> Plan:
         if self._warm is None:
@@ -180,20 +214,24 @@ class OspreyScheduler:
         warm = self._warm_plan(step)
         if self.steps_observed == 0:
             return warm
-        S, place = self.stages, self.placement()
+        S = self.stages
         predicted: dict[str, float] = {}
-        best: tuple[float, str, Any] | None = None
+        best: tuple[float, str, Any, list[int] | None] | None = None
         for label, caps in self.cap_options().items():
-            orders, makespan = list_schedule(S, self.replicas, self.microbatches, self.est, [(1, 0)] * S, caps,
-                                             placement=place, materialize=False)
+            counts = None
+            if self.lanes:
+                orders, makespan, counts = self._lane_plan(caps)
+            else:  # unequal replica counts: earliest-finish-time placement while list scheduling
+                orders, makespan = list_schedule(S, self.replicas, self.microbatches, self.est, [(1, 0)] * S, caps,
+                                                 materialize=False)
             predicted[label] = makespan
             if best is None or makespan < best[0]:
-                best = (makespan, label, orders)
+                best = (makespan, label, orders, counts)
         predicted["warm-start"] = in_order_makespan(warm.orders, S, self.est)
         assert best is not None
         use_warm = predicted["warm-start"] < best[0]
         self.last_decision = {**self.last_decision, "predicted_makespan_s": predicted,
-                              "chosen": "warm-start" if use_warm else best[1]}
+                              "chosen": "warm-start" if use_warm else best[1], "lane_microbatches": best[3]}
         if use_warm:
             return warm
         return Plan(S, self.replicas, self.microbatches, to_orders(best[2]), reorder=True, memory_limit=self.memory_limit,
