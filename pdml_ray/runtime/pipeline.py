@@ -292,11 +292,12 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
         raise ValueError(f"need steps >= 1, microbatches >= 1 and warmup_steps >= 0, got "
                          f"{steps}, {microbatches}, {warmup_steps}")
     slow = slow_replica if slow_replica is not None else (stages // 2, replicas - 1)
-    # Sized so that one action computes for milliseconds (well above Ray's per-call overhead).
-    width, mb_size, in_dim, out_dim = (768, 32, 64, 16) if quick else (768, 64, 128, 32)
+    # Sized so that one action computes for several milliseconds, above Ray's per-call overhead
+    # (~1-5 ms on a busy 2-core machine), else the slow replica's sleep is lost in that overhead.
+    width, mb_size, in_dim, out_dim = (768, 64, 64, 16) if quick else (1024, 64, 128, 32)
     torch.manual_seed(seed)
     layers: list[nn.Module] = [nn.Linear(in_dim, width), nn.Tanh()]
-    for _ in range(2 * stages - 2):
+    for _ in range(2 * stages):  # two equal hidden layers per stage: the split is balanced
         layers += [nn.Linear(width, width), nn.Tanh()]
     layers.append(nn.Linear(width, out_dim))
     model = nn.Sequential(*layers)
@@ -336,9 +337,11 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
             "static_median_step_s": med["static"], "adaptive_median_step_s": med["adaptive"],
             "static_step_s": timed["static"], "adaptive_step_s": timed["adaptive"],
             "cpu_floor_s": cpu_floor_s, "cpu_floor_over_static": cpu_floor_s / med["static"], "local_cores": cores,
+            "note": ("all stage actors share this machine's cores: real compute / cores (cpu_floor_s) bounds every "
+                     "schedule, so the closer cpu_floor_over_static is to 1, the less any re-balancing can gain"),
             "stages": stages, "replicas": replicas, "microbatches": microbatches, "microbatch_size": mb_size,
             "steps": steps, "warmup_steps": warmup_steps, "layers_per_stage": runtime.stage_sizes,
-            "model": f"MLP {in_dim}-{width}x{2 * stages - 1}-{out_dim}, Tanh",
+            "model": f"MLP {in_dim}-{width}x{2 * stages + 1}-{out_dim}, Tanh",
             "speeds": speeds, "slow_replica": f"s{slow[0]}r{slow[1]}",
             # Micro-batches per replica in the last step: where each schedule put the work.
             "forward_counts": {role: {f"s{k}r{r}": n for (k, r), n in sorted(rs[-1].forward_counts.items())}
