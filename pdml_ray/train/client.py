@@ -53,6 +53,12 @@ class SchedulerClient:
         if self.available:
             ray.get(self._handle.set_dataset_size.remote(num_samples), timeout=timeout_s)
 
+    def call(self, method: str, *args, timeout_s: float = 120.0):
+        """A blocking call, for checkpoints and start-up only (never inside a training step)."""
+        if not self.available:
+            raise RuntimeError(f"scheduler {self.name!r} is not available")
+        return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout_s)
+
     def report(self, reports: list[WorkerReport]) -> None:
         """Fire-and-forget; a dead scheduler loses these reports, never the training step."""
         if reports and self.available:

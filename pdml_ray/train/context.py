@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import pickle
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ from pdml_ray.telemetry import NodeDecision, SamplePlan, WorkerReport
 from pdml_ray.train.client import SchedulerClient
 
 log = logging.getLogger(__name__)
+
+SCHEDULER_STATE_FILE = "pdml_scheduler_state.pkl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +271,32 @@ class PDMLContext:
         cuts = np.cumsum(self.decision.batch_sizes)[:-1]
         parts = tuple(np.split(idx, cuts))
         return SamplePlan(step, parts, tuple(np.ones(len(p), dtype=np.float32) for p in parts))
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save_scheduler_state(self, directory: str) -> bool:
+        """Rank 0: write the scheduler's state (estimates, decisions, sample table) into a checkpoint
+        directory, next to the model. Other ranks do nothing. Returns whether a file was written."""
+        if self.rank != 0 or self.client is None:
+            return False
+        self.flush()
+        state = self.client.call("state_dict")
+        with open(os.path.join(directory, SCHEDULER_STATE_FILE), "wb") as f:
+            pickle.dump({"state": state, "decision": self.decision.to_dict(), "global_step": self.global_step}, f)
+        return True
+
+    def load_scheduler_state(self, directory: str) -> bool:
+        """Restore what ``save_scheduler_state`` wrote: rank 0 loads it into the scheduler; every rank
+        resumes the decision and step count. Returns False if the checkpoint has no scheduler state."""
+        path = os.path.join(directory, SCHEDULER_STATE_FILE)
+        if not os.path.exists(path):
+            return False
+        with open(path, "rb") as f:
+            saved = pickle.load(f)
+        if self.rank == 0 and self.client is not None:
+            self.client.call("load_state_dict", saved["state"])
+        self.decision = NodeDecision.from_dict(saved["decision"])
+        self.global_step = saved["global_step"]
+        return True
 
     def flush(self) -> None:
         """Send the reports still buffered (call at the end of training)."""

@@ -61,3 +61,30 @@ def first_step_loop(config):
             json.dump({"accelerator_type": ctx.accelerator_type, "batch_sizes": list(ctx.decision.batch_sizes),
                        "mine": len(batch.indices)}, f)
         break
+
+
+def sampling_loop(config):
+    """Priority-sampled training; a known subset has flipped labels (persistently high loss).
+    Each rank writes the indices it drew and its batch sizes; rank 0 saves the scheduler state."""
+    torch.set_num_threads(1)
+    ctx = get_context()
+    n, hard = config["num_samples"], config["hard"]
+    x, y = make_classification(n, 16, 2, seed=3)
+    y = y.clone()
+    y[:hard] = 1 - y[:hard]  # samples [0, hard) are mislabelled: the model keeps getting them wrong
+    model = ctx.prepare_model(make_mlp(16, 64, 2, depth=1, seed=3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+    drawn, sizes, weights_seen = [], [], []
+    for epoch in range(config["epochs"]):
+        for batch in ctx.epoch(epoch, n):
+            idx = torch.as_tensor(batch.indices)
+            with ctx.step(batch) as step:
+                step.loss(F.cross_entropy(model(x[idx]), y[idx], reduction="none")).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            drawn.append(batch.indices.tolist())
+            sizes.append(list(ctx.decision.batch_sizes))
+            weights_seen.append(float(batch.sample_weights.min()) if batch.sample_weights is not None else None)
+    saved = ctx.save_scheduler_state(config["checkpoint_dir"])
+    with open(f"{config['out']}.{ctx.rank}", "w") as f:
+        json.dump({"drawn": drawn, "sizes": sizes, "weights_min": weights_seen, "saved": saved}, f)

@@ -1,0 +1,66 @@
+"""Sample priorities through real Ray Train workers with unequal batch sizes: samples with high
+loss are drawn more often, weights arrive with the plan, and the table survives a checkpoint."""
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import ray
+import ray.train
+
+from pdml_ray.config import NodePriorityConfig, PDMLConfig, SamplePriorityConfig
+from pdml_ray.scheduler import Scheduler
+from pdml_ray.train import PDMLTrainer
+from pdml_ray.train.context import SCHEDULER_STATE_FILE
+
+from loops import sampling_loop
+
+N, HARD = 2000, 100  # 5% of the samples are mislabelled
+
+
+@pytest.fixture(scope="module")
+def run(ray_local, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sampling")
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=200, emulated_speeds=[1.0, 0.5],
+                                                         decision_interval=3, warmup_steps=1),
+                        sample_priority=SamplePriorityConfig(exponent=1.0, uniform_mix=0.1),
+                        scheduler_name="sampling-test")
+    result = PDMLTrainer(sampling_loop, train_loop_config={"num_samples": N, "hard": HARD, "epochs": 6,
+                                                           "out": str(tmp / "rank"), "checkpoint_dir": str(tmp)},
+                         scaling_config=ray.train.ScalingConfig(num_workers=2),
+                         run_config=ray.train.RunConfig(name="sampling-test", storage_path=str(tmp)),
+                         pdml_config=config).fit()
+    ranks = [json.loads((tmp / f"rank.{r}").read_text()) for r in range(2)]
+    return result, ranks, tmp, config
+
+
+def test_high_loss_samples_are_drawn_more_often(run):
+    _, ranks, _, _ = run
+    late = [i for r in ranks for step in r["drawn"][30:] for i in step]  # once the table has filled
+    hard_fraction = np.mean(np.asarray(late) < HARD)
+    assert hard_fraction > 2 * HARD / N, hard_fraction  # uniform sampling would give 0.05
+
+
+def test_workers_had_different_batch_sizes_and_weights(run):
+    _, ranks, _, _ = run
+    sizes = ranks[0]["sizes"]
+    assert any(a != b for a, b in sizes), sizes
+    for r, rank in enumerate(ranks):  # each rank drew exactly its share of every step
+        assert [len(d) for d in rank["drawn"]] == [s[r] for s in rank["sizes"]]
+    mins = [w for w in ranks[0]["weights_min"][10:] if w is not None]
+    assert mins and min(mins) < 1.0  # importance weights below 1 for over-sampled items
+
+
+def test_the_sample_table_survives_a_checkpoint(run):
+    result, ranks, tmp, config = run
+    assert ranks[0]["saved"] and not ranks[1]["saved"]
+    with open(os.path.join(tmp, SCHEDULER_STATE_FILE), "rb") as f:
+        saved = pickle.load(f)
+    restored = Scheduler(config, 2)
+    restored.load_state_dict(saved["state"])
+    table = restored.sample_priorities
+    assert table is not None and table.num_samples == N
+    assert table.scores[:HARD].mean() > 2 * table.scores[HARD:].mean()
+    assert "sample_priority" in result.scheduler_stats
