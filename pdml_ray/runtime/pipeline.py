@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from actors.stage import DEFAULT_STAGE_NUM_CPUS, launch_stage
 from pdml_ray.emulation import EMULATION_NOTE
-from pdml_ray.errors import PlanError
+from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.dispatch import Dispatcher
 from pdml_ray.pipeline.partition import split_sequential
 from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineScheduler, Plan, validate
@@ -72,6 +72,11 @@ class PipelineRuntime:
             raise PlanError(f"replicas_per_stage must be a positive int or one positive count per stage "
                             f"({num_stages}), got {replicas_per_stage!r}")
         self.speeds = _speed_table(speeds, self.replicas)
+        needed, total = sum(self.replicas) * num_cpus_per_actor, ray.cluster_resources().get("CPU", 0.0)
+        if needed > total:  # the actors would wait for resources forever
+            raise ConfigError(f"{sum(self.replicas)} stage actors x num_cpus_per_actor={num_cpus_per_actor} need "
+                              f"{needed:g} CPUs but the Ray cluster has {total:g}; lower num_cpus_per_actor or "
+                              "give Ray more CPUs (ray.init(num_cpus=...))")
         stages = split_sequential(model, num_stages, cuts)
         self.stage_sizes = [len(s) for s in stages]  # layers per stage
         self._tensors_per_stage = [len(list(s.parameters())) for s in stages]
@@ -271,7 +276,8 @@ def _speed_table(speeds: Speeds | None, replicas: tuple[int, ...]) -> dict[tuple
 def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", stages: int = 3, replicas: int = 2,
                       slow_replica_speed: float = 0.5, steps: int | None = None, microbatches: int | None = None,
                       quick: bool = False, seed: int = 0, *, slow_replica: tuple[int, int] | None = None,
-                      warmup_steps: int = 1, config: Any = None) -> dict[str, Any]:
+                      warmup_steps: int = 1, config: Any = None,
+                      num_cpus_per_actor: float = DEFAULT_STAGE_NUM_CPUS) -> dict[str, Any]:
     """Measure a static schedule against the adaptive one on a real pipeline with one EMULATED slow replica.
 
     A small MLP is split into ``stages`` stages with ``replicas`` replicas each; replica
@@ -312,7 +318,8 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
             # address="local": a fresh private instance, never some other job's cluster on this machine.
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, stages * replicas),
                      include_dashboard=False, log_to_driver=False)
-    runtime = PipelineRuntime(model, stages, replicas, nn.MSELoss(), lr=0.01, speeds={slow: slow_replica_speed})
+    runtime = PipelineRuntime(model, stages, replicas, nn.MSELoss(), lr=0.01, speeds={slow: slow_replica_speed},
+                              num_cpus_per_actor=num_cpus_per_actor)
     try:
         names = {"static": static_name, "adaptive": adaptive_name}
         schedulers = {role: make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches,

@@ -11,10 +11,10 @@ import ray
 import torch
 from torch import nn
 
-from pdml_ray.errors import PlanError
+from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.plan import Kind
 from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
-from pdml_ray.runtime.pipeline import PipelineRuntime
+from pdml_ray.runtime.pipeline import PipelineRuntime, compare_schedules
 
 pytestmark = pytest.mark.ray
 
@@ -121,3 +121,20 @@ def test_a_failed_step_leaves_the_runtime_usable(runtime, reference_step):
     assert all(torch.equal(a, b) for a, b in zip(runtime.parameters(), initial))  # no partial update
     result = runtime.run_step(scheduler, x, y, step=1)
     assert len(result.measurements) == 2 * STAGES * MICROBATCHES
+
+
+def test_too_few_cpus_is_a_config_error_not_a_hang(ray_local):
+    with pytest.raises(ConfigError, match="lower num_cpus_per_actor"):
+        PipelineRuntime(_model(), STAGES, REPLICAS, nn.MSELoss(), num_cpus_per_actor=1.0)  # 6 > 4 CPUs
+
+
+def test_compare_schedules_reports_the_figures_the_benchmark_prints(runtime):
+    # Smallest real run: 2 stages x 2 replicas next to the module's runtime (3 CPUs of 4 in use).
+    out = compare_schedules("1f1b", "osprey", stages=2, replicas=2, steps=2, microbatches=4, quick=True,
+                            warmup_steps=0, num_cpus_per_actor=0.2)
+    assert out["osprey_over_static"] == pytest.approx(out["adaptive_median_step_s"] / out["static_median_step_s"])
+    assert len(out["static_step_s"]) == len(out["adaptive_step_s"]) == 2
+    assert out["speeds"] == {"s0r0": 1.0, "s0r1": 1.0, "s1r0": 1.0, "s1r1": 0.5}
+    assert "EMULATED" in out["emulated"] and "s1r1" in out["emulated"]
+    assert sum(out["forward_counts"]["adaptive"].values()) == 2 * 4
+    assert ray.is_initialized()  # it used the running cluster and left it running
