@@ -119,17 +119,3 @@ class Dispatcher:
     def done(self) -> bool:
         return self._completed == self._total
 
-
-def run_in_order_check(plan: Plan) -> None:
-    """Drive a Dispatcher with zero-time actions until done; PlanError if it stalls (a test helper)."""
-    d = Dispatcher(plan)
-    while not d.done():
-        progressed = False
-        for stage, replica in plan.orders:
-            a = d.next_action(stage, replica)
-            if a is not None:
-                d.start(a)
-                d.complete(a)
-                progressed = True
-        if not progressed:
-            raise PlanError("dispatcher stalled with work left")

@@ -61,9 +61,9 @@ class RecordingScheduler:
         Path(path).write_text(self.to_json())
 
 
-def load(path_or_text: str | Path) -> dict[str, Any]:
-    text = Path(path_or_text).read_text() if Path(str(path_or_text)).exists() else str(path_or_text)
-    return json.loads(text)
+def load(path: str | Path) -> dict[str, Any]:
+    """A log written by ``RecordingScheduler.save`` (use ``json.loads`` for one held as text)."""
+    return json.loads(Path(path).read_text())
 
 
 def _state(scheduler: Any) -> dict[str, Any]:
@@ -79,15 +79,12 @@ def _config_to_dict(config: Any) -> dict[str, Any] | None:
 def _config_from_dict(data: dict[str, Any] | None) -> Any:
     if data is None:
         return None
-    from pdml_ray.config import OspreyConfig, PipelineConfig, _from_dict
+    from pdml_ray.config import PipelineConfig, _from_dict
 
     data = dict(data)
     if data.get("stage_costs") is not None:
-        data["stage_costs"] = [tuple(c) for c in data["stage_costs"]]
-    cfg = _from_dict(PipelineConfig, data, "pipeline.")
-    if isinstance(cfg.osprey, dict):  # pragma: no cover - _from_dict recurses already
-        cfg.osprey = OspreyConfig(**cfg.osprey)
-    return cfg
+        data["stage_costs"] = [tuple(c) for c in data["stage_costs"]]  # JSON turned the tuples into lists
+    return _from_dict(PipelineConfig, data, "pipeline.")
 
 
 def _check(step: int, expected: dict[str, Any], plan: Plan) -> None:

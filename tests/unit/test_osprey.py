@@ -141,3 +141,16 @@ def test_configs_reject_bad_values_with_fixes() -> None:
         PipelineConfig(stage_costs=[(1.0, 2.0), (1.0, -1.0)])
     assert PipelineConfig().auto_dispersion_threshold == 0.05 and PipelineConfig().auto_bubble_threshold == 0.30
     validate(make_scheduler("osprey", stages=2, replicas=1, microbatches=2).plan(0))
+
+
+def test_replay_log_survives_a_file_round_trip(tmp_path) -> None:
+    from pdml_ray.pipeline.replay import load
+
+    config = PipelineConfig(memory_limit=2, stage_costs=[(1.0, 2.0), (2.0, 3.0)], osprey=OspreyConfig(momentum=0.3))
+    rec = RecordingScheduler(make_scheduler("osprey", stages=2, replicas=2, microbatches=4, config=config),
+                             stages=2, replicas=2, microbatches=4, config=config)
+    simulate_schedule(rec, PipelineSimulator(ClusterProfile.build(2, 2, profile="heterogeneous", memory_limit=2)), 3)
+    rec.save(tmp_path / "log.json")
+    log = load(tmp_path / "log.json")
+    assert log["header"]["config"]["osprey"]["momentum"] == 0.3
+    assert [p.to_dict() for p in replay(log)] == [r["plan"] for r in log["steps"]]

@@ -141,7 +141,13 @@ def test_dispatcher_reorder_overtakes_only_same_kind_and_respects_memory() -> No
     d.complete(f1, at=1.0)
     # B0 is blocked (F0 still running) but B1 is ready: it may overtake B0 (same kind).
     assert d.next_action(0, 0) == Action(0, 0, B, 1)
-    # A forward never overtakes a pending backward, and the memory limit holds.
+    # A forward never overtakes a pending backward, even with memory to spare ...
+    eager = Plan(1, (1,), 2, {(0, 0): (Action(0, 0, F, 0), Action(0, 0, B, 0), Action(0, 0, F, 1),
+                                        Action(0, 0, B, 1))}, reorder=True, memory_limit=2)
+    d3 = Dispatcher(eager)
+    d3.start(d3.next_action(0, 0))
+    assert d3.next_action(0, 0) is None
+    # ... and the memory limit holds.
     plan2 = Plan(1, (1,), 2, {(0, 0): (Action(0, 0, F, 0), Action(0, 0, B, 0), Action(0, 0, F, 1),
                                         Action(0, 0, B, 1))}, reorder=True, memory_limit=1)
     d2 = Dispatcher(plan2)
