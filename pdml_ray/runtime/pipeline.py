@@ -40,7 +40,7 @@ class StepResult:
 
     step: int
     step_time_s: float
-    """Driver wall time from the first submitted action to the last replica's optimizer step."""
+    """Driver wall time from asking the scheduler for the plan to the last replica's optimizer step."""
     loss: float
     """Mean loss over the global batch (sum of the micro-batches' scaled losses)."""
     measurements: tuple[Measurement, ...]
