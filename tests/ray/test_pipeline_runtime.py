@@ -129,12 +129,14 @@ def test_too_few_cpus_is_a_config_error_not_a_hang(ray_local):
 
 
 def test_compare_schedules_reports_the_figures_the_benchmark_prints(runtime):
-    # Smallest real run: 2 stages x 2 replicas next to the module's runtime (3 CPUs of 4 in use).
-    out = compare_schedules("1f1b", "osprey", stages=2, replicas=2, steps=2, microbatches=4, quick=True,
+    # Smallest real run (2 actors: start-up dominates), next to the module's runtime (3 CPUs of 4 in use).
+    # What osprey gains is the benchmark's business (pdml-ray bench pipeline), not a test's.
+    out = compare_schedules("1f1b", "osprey", stages=2, replicas=1, steps=2, microbatches=4, quick=True,
                             warmup_steps=0, num_cpus_per_actor=0.2)
     assert out["osprey_over_static"] == pytest.approx(out["adaptive_median_step_s"] / out["static_median_step_s"])
     assert len(out["static_step_s"]) == len(out["adaptive_step_s"]) == 2
-    assert out["speeds"] == {"s0r0": 1.0, "s0r1": 1.0, "s1r0": 1.0, "s1r1": 0.5}
-    assert "EMULATED" in out["emulated"] and "s1r1" in out["emulated"]
-    assert sum(out["forward_counts"]["adaptive"].values()) == 2 * 4
+    assert out["speeds"] == {"s0r0": 1.0, "s1r0": 0.5} and out["slow_replica"] == "s1r0"
+    assert "EMULATED" in out["emulated"] and "s1r0" in out["emulated"]
+    assert out["forward_counts"]["adaptive"] == {"s0r0": 4, "s1r0": 4}
+    assert 0 < out["cpu_floor_s"] and out["layers_per_stage"] == [6, 5]
     assert ray.is_initialized()  # it used the running cluster and left it running
