@@ -214,77 +214,6 @@ class ContinuityConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class PDMLConfig:
-    """Everything pdml-ray needs to know, one section per component."""
-
-    node_priority: NodePriorityConfig = field(default_factory=NodePriorityConfig)
-    sample_priority: SamplePriorityConfig | None = None
-    """None (the default) keeps uniform sampling: a seeded permutation per epoch."""
-    continuity: ContinuityConfig = field(default_factory=ContinuityConfig)
-    seed: int = 0
-    """Seed of the global permutation and of every random draw the scheduler makes."""
-    scheduler_name: str = "pdml-scheduler"
-    """Name of the scheduler actor (found by ``pdml-ray status``)."""
-    namespace: str = "pdml"
-    """Ray namespace of the scheduler actor."""
-
-    def __post_init__(self) -> None:
-        _require(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
-        _require(bool(self.scheduler_name), "scheduler_name must be a non-empty string")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PDMLConfig":
-        return _from_dict(cls, data, "")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> "PDMLConfig":
-        import yaml
-
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-        return cls.from_dict(data)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
-    """Build dataclass ``cls`` from ``data``, recursing into nested config dataclasses."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where or cls.__name__}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for name, value in data.items():
-        nested = _config_class(hints[name])
-        if nested is not None and isinstance(value, dict):
-            value = _from_dict(nested, value, f"{where}{name}.")
-        elif nested is not None and value is not None and not isinstance(value, nested):
-            raise ConfigError(f"{where}{name}: expected a mapping of {nested.__name__} fields, got {value!r}")
-        kwargs[name] = value
-    return cls(**kwargs)
-
-
-def _config_class(hint: Any) -> type | None:
-    """The config dataclass inside a type hint like ``X`` or ``X | None``, if any."""
-    candidates = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    for c in candidates:
-        if dataclasses.is_dataclass(c):
-            return c
-    return None
-
-
-# ---- Pipeline scheduling (issue 4): appended block, owned by pdml_ray/pipeline ----
-
-_PIPELINE_SCHEDULES = ("gpipe", "1f1b", "critical-path", "osprey", "auto")
-
-
-@dataclass(kw_only=True, slots=True)
 class OspreyConfig:
     """Osprey: adaptive pipeline scheduling from measured per-stage-replica latencies."""
 
@@ -354,3 +283,76 @@ class PipelineConfig:
                  f"pipeline.auto_dispersion_threshold must be >= 0 (e.g. 0.05 = 5%), got {self.auto_dispersion_threshold!r}")
         _require(_finite(self.auto_bubble_threshold) and 0.0 <= self.auto_bubble_threshold <= 1.0,
                  f"pipeline.auto_bubble_threshold must be in [0, 1] (e.g. 0.3), got {self.auto_bubble_threshold!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class PDMLConfig:
+    """Everything pdml-ray needs to know, one section per component."""
+
+    node_priority: NodePriorityConfig = field(default_factory=NodePriorityConfig)
+    sample_priority: SamplePriorityConfig | None = None
+    """None (the default) keeps uniform sampling: a seeded permutation per epoch."""
+    continuity: ContinuityConfig = field(default_factory=ContinuityConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    """Micro-batch scheduling for the pipeline runtime (schedule name, osprey knobs, memory limit)."""
+    seed: int = 0
+    """Seed of the global permutation and of every random draw the scheduler makes."""
+    scheduler_name: str = "pdml-scheduler"
+    """Name of the scheduler actor (found by ``pdml-ray status``)."""
+    namespace: str = "pdml"
+    """Ray namespace of the scheduler actor."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _require(bool(self.scheduler_name), "scheduler_name must be a non-empty string")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PDMLConfig":
+        return _from_dict(cls, data, "")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "PDMLConfig":
+        import yaml
+
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
+    """Build dataclass ``cls`` from ``data``, recursing into nested config dataclasses."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where or cls.__name__}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        nested = _config_class(hints[name])
+        if nested is not None and isinstance(value, dict):
+            value = _from_dict(nested, value, f"{where}{name}.")
+        elif nested is not None and value is not None and not isinstance(value, nested):
+            raise ConfigError(f"{where}{name}: expected a mapping of {nested.__name__} fields, got {value!r}")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _config_class(hint: Any) -> type | None:
+    """The config dataclass inside a type hint like ``X`` or ``X | None``, if any."""
+    candidates = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for c in candidates:
+        if dataclasses.is_dataclass(c):
+            return c
+    return None
+
+
+# ---- Pipeline scheduling (issue 4): appended block, owned by pdml_ray/pipeline ----
+
+_PIPELINE_SCHEDULES = ("gpipe", "1f1b", "critical-path", "osprey", "auto")

@@ -15,7 +15,3 @@ class ConfigError(PDMLError, ValueError):
 
 class PlanError(PDMLError, ValueError):
     """A plan or decision (batch sizes, sample plan, pipeline plan) failed validation."""
-
-
-class ReportRejected(PDMLError, ValueError):
-    """A worker report was malformed (NaN, non-positive time, unknown worker)."""

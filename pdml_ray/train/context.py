@@ -37,6 +37,7 @@ from pdml_ray.priority.node import step_slices
 from pdml_ray.scheduler import StepBundle
 from pdml_ray.telemetry import NodeDecision, SamplePlan, WorkerReport
 from pdml_ray.train.client import SchedulerClient
+from pdml_ray.train.grad_sync import WeightedGradSync
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,23 @@ class StepScope:
         return per_sample_loss.sum() / max(len(self.batch.indices), 1)
 
     def __enter__(self) -> "StepScope":
+        if self.ctx._sync is None:
+            raise RuntimeError("call ctx.prepare_model(model) before the first ctx.step(batch)")
+        self.ctx._sync.begin(self.batch.grad_weight)
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            return
         ctx = self.ctx
+        if exc_type is not None:
+            ctx._sync.abort()  # the exception propagates to the user
+            return
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # kernels are async: time them, not their launch
         compute_s = time.perf_counter() - self._t0
         compute_s += emulate_speed(compute_s, ctx.speed)  # emulated slowdown counts as compute
         t1 = time.perf_counter()
-        ctx._combine_gradients(self.batch.grad_weight)
+        ctx._sync.finish(self.batch.grad_weight)  # buckets already in flight since backward
         wait_s = time.perf_counter() - t1
         ctx._finish_step(self.batch, compute_s, wait_s, self._per_sample)
 
@@ -107,6 +112,8 @@ class PDMLContext:
         self.global_step = 0
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
+        self._sync: WeightedGradSync | None = None
+        self.overlap_comm = True  # set False before prepare_model for several backward passes per step
         self._reports: list[WorkerReport] = []
         self._plans: dict[int, SamplePlan] = {}
         self._num_samples: int | None = None
@@ -119,28 +126,16 @@ class PDMLContext:
 
     # -- model ---------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move to the device, make all ranks start from rank 0's parameters, track them for sync."""
+        """Move to the device, make all ranks start from rank 0's parameters, and hook the weighted
+        gradient all-reduce into backward (bucketed, overlapped; see grad_sync.py). Call once."""
         model = model.to(self.device)
         self._params = [p for p in model.parameters() if p.requires_grad]
         if self.world_size > 1:
             with torch.no_grad():
                 for p in model.parameters():
                     dist.broadcast(p.data, src=0)
+        self._sync = WeightedGradSync(self._params, overlap=self.overlap_comm)
         return model
-
-    def _combine_gradients(self, weight: float) -> None:
-        """grad <- sum over ranks of weight_r * grad_r: the mean gradient over the global batch."""
-        if not self._params:
-            return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
-        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(weight)  # one coalesced all-reduce
-        if self.world_size > 1:
-            dist.all_reduce(flat)
-        offset = 0
-        for p, g in zip(self._params, grads):
-            n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(g)
-            offset += n
 
     def measure_comm_s(self, repeats: int = 10) -> float:
         """Median seconds of the gradient all-reduce alone (after a barrier, so no one is waiting)."""

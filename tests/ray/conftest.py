@@ -15,7 +15,7 @@ def ray_local():
         ray.shutdown()
     # Ray workers import training loops from tests/ray/loops.py: put this folder on their path
     here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="pdml-test",
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="pdml-test",
              runtime_env={"env_vars": {"PYTHONPATH": here, "OMP_NUM_THREADS": "1"}})
     yield ray
     ray.shutdown()
