@@ -38,6 +38,7 @@ median, and the uniform mix is raised for ``recalibration_steps`` steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from typing import Any, Sequence
@@ -189,9 +190,10 @@ class SamplePrioritizer:
             weights /= weights.max()
         self.samples_drawn += total
         self._last_mix, self._last_beta = mix, beta
-        cuts = np.cumsum(sizes)[:-1]
-        return SamplePlan(step=step, indices=tuple(np.split(indices, cuts)),
-                          weights=tuple(np.split(weights.astype(np.float32), cuts)))
+        weights = weights.astype(np.float32)
+        bounds = [0, *itertools.accumulate(sizes)]  # worker i gets [bounds[i], bounds[i+1])
+        return SamplePlan(step=step, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
+                          weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:])))
 
     # ------------------------------------------------------------------ feedback
     def update(self, indices: np.ndarray, losses: np.ndarray, step: int) -> ContinuityVerdict | None:
@@ -269,16 +271,17 @@ class SamplePrioritizer:
         if self.monitor is None:
             return None
         limit = self.monitor.config.max_check_items
+        leaves = self.tree.tree[self.tree.num_leaves:self.tree.num_leaves + self.num_samples]  # (N,) view
         if self.num_samples > limit:
             sub = self.rng.integers(0, self.num_samples, size=limit)
-            priorities = self.tree.values(sub[self.seen[sub]])
-        elif self.unseen_count == 0:  # a view of the leaves: no copy of N floats
-            priorities = self.tree.tree[self.tree.num_leaves:self.tree.num_leaves + self.num_samples]
+            priorities = leaves[sub[self.seen[sub]]]
+        elif self.unseen_count == 0:
+            priorities = leaves  # no copy of N floats
         else:
-            priorities = self.tree.values()[self.seen]
+            priorities = leaves[self.seen]
         if priorities.size < 16:  # too little feedback yet to judge a distribution
             return None
-        verdict = self.monitor.check(priorities, step)
+        verdict = self.monitor.check(priorities, step, validate=False)  # leaves are finite and >= 0
         # While a recalibration is held, a repeated detection is counted but not acted on again: the
         # scores need fresh losses to recover, and stacking noise would only randomise them.
         if verdict.recalibration is not None and step >= self.recal_until:
