@@ -271,7 +271,7 @@ class SamplePrioritizer:
         if self.monitor is None:
             return None
         limit = self.monitor.config.max_check_items
-        leaves = self.tree.tree[self.tree.num_leaves:self.tree.num_leaves + self.num_samples]  # (N,) view
+        leaves = self.tree.leaves  # (N,) read-only view
         if self.num_samples > limit:
             sub = self.rng.integers(0, self.num_samples, size=limit)
             priorities = leaves[sub[self.seen[sub]]]

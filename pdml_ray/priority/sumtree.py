@@ -1,18 +1,25 @@
 """A vectorised sum-tree over N non-negative float scores: draw B indices and update B scores in O(B log N).
 
-Layout: one flat float64 array ``tree`` of length 2L, L = the next power of two >= N. Leaf i lives at
-``tree[L + i]`` (leaves N..L-1 are padding and stay 0); internal node k holds
-``tree[2k] + tree[2k+1]``; the root, ``tree[1]``, is the total. ``tree[0]`` is unused.
+Layout: a K-ary tree (K = 16) stored level by level in flat float64 arrays. ``levels[D]`` holds the
+K^D >= N leaves (leaves N.. are padding and stay 0); ``levels[d][j]`` is the sum of its K children
+``levels[d + 1][K j : K j + K]``; ``levels[0][0]`` is the total.
 
-Both operations walk the log2(L) levels with array operations over the whole batch, so the Python
-loop runs log N times (24 for N = 10^7), never B times. Internal sums are recomputed from their two
-children on every update (never adjusted by deltas), so rounding errors do not accumulate however
-long the tree lives. Memory: 16 L bytes (256 MiB for N = 10^7).
+Both operations walk the D = ceil(log_K N) levels with array operations over the whole batch, so
+the Python loop runs D times (6 for N = 10^7), never B times. A wide fan-out keeps the number of
+numpy calls per step small, which is what a step of a few hundred indices costs on a CPU; the
+(B, K) work per level is tiny. Internal sums are recomputed from their children on every update
+(never adjusted by deltas), so rounding errors do not accumulate however long the tree lives.
+Memory: about 8 * 16/15 * K^D bytes (143 MiB for N = 10^7).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+FANOUT = 16
+_SHIFT = 4  # log2(FANOUT): parent = child >> _SHIFT
+_UPPER = np.triu(np.ones((FANOUT, FANOUT)))  # x @ _UPPER = running sums of the rows of x
+_ONES = np.ones(FANOUT, dtype=np.float32)
 
 
 class SumTree:
@@ -22,39 +29,46 @@ class SumTree:
         if not isinstance(num_items, (int, np.integer)) or num_items < 1:
             raise ValueError(f"SumTree needs num_items >= 1, got {num_items!r}")
         self.num_items = int(num_items)
-        self.depth = max(1, (self.num_items - 1).bit_length())  # levels below the root; L = 2**depth
-        self.num_leaves = 1 << self.depth
-        self.tree = np.zeros(2 * self.num_leaves, dtype=np.float64)
+        self.depth = 1  # levels below the root
+        while FANOUT ** self.depth < self.num_items:
+            self.depth += 1
+        self.levels = [np.zeros(FANOUT ** d, dtype=np.float64) for d in range(self.depth + 1)]
+        # (K^d, K) views: row j holds the K children of node j of level d
+        self._children = [lvl.reshape(-1, FANOUT) for lvl in self.levels[1:]]
         self.set_all(initial)
 
     # ---------------------------------------------------------------- bulk
+    @property
+    def leaves(self) -> np.ndarray:
+        """The N scores as a read-only view (no copy)."""
+        view = self.levels[-1][:self.num_items]
+        view.flags.writeable = False
+        return view
+
     def set_all(self, values: float | np.ndarray) -> None:
         """Replace every score (scalar or shape (N,)) and rebuild all sums: O(N)."""
         values = np.broadcast_to(np.asarray(values, dtype=np.float64), (self.num_items,))
         _check_values(values)
-        L = self.num_leaves
-        self.tree[L:L + self.num_items] = values
-        self.tree[L + self.num_items:] = 0.0
-        lo = L
-        while lo > 1:  # level with nodes [lo // 2, lo) from children [lo, 2 lo)
-            self.tree[lo // 2:lo] = self.tree[lo:2 * lo:2] + self.tree[lo + 1:2 * lo:2]
-            lo //= 2
+        self.levels[-1][:self.num_items] = values
+        self.levels[-1][self.num_items:] = 0.0
+        for d in range(self.depth - 1, -1, -1):
+            self._children[d].sum(axis=1, out=self.levels[d])
 
     def values(self, indices: np.ndarray | None = None) -> np.ndarray:
         """Scores of ``indices`` (all N if None); a copy for None, a gather otherwise."""
-        leaves = self.tree[self.num_leaves:self.num_leaves + self.num_items]
+        leaves = self.levels[-1][:self.num_items]
         return leaves.copy() if indices is None else leaves[np.asarray(indices, dtype=np.int64)]
 
     @property
     def total(self) -> float:
-        return float(self.tree[1])
+        return float(self.levels[0][0])
 
     # ---------------------------------------------------------------- O(B log N)
     def update(self, indices: np.ndarray, values: np.ndarray | float, *, unique: bool = False) -> None:
         """Set ``s[indices] = values``. With duplicate indices the LAST occurrence wins.
 
         indices: int (B,); values: float (B,) or a scalar, each finite and >= 0. ``unique=True``
-        promises sorted indices without duplicates and skips the de-duplication.
+        promises indices without duplicates and skips the de-duplication.
         """
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size == 0:
@@ -63,22 +77,19 @@ class SumTree:
         _check_values(vals)
         if idx.min() < 0 or idx.max() >= self.num_items:
             raise IndexError(f"SumTree.update: indices must lie in [0, {self.num_items})")
-        # Last write wins: np.unique on the reversed batch returns each index's first position there,
-        # i.e. its last position in the batch.
         if unique:
-            uniq = idx
+            nodes = idx.copy()
         else:
-            uniq, first_in_reversed = np.unique(idx[::-1], return_index=True)
+            # Last write wins: np.unique on the reversed batch returns each index's first position
+            # there, i.e. its last position in the batch (numpy leaves repeated fancy writes unordered).
+            nodes, first_in_reversed = np.unique(idx[::-1], return_index=True)
             vals = vals[::-1][first_in_reversed]
-        nodes = uniq + self.num_leaves
-        self.tree[nodes] = vals
-        pairs = self.tree.reshape(-1, 2)  # row k = (tree[2k], tree[2k+1]): node k's children, one gather
-        for _ in range(self.depth):
-            # Sibling leaves share a parent, so ``nodes`` repeats entries; every copy writes the same
-            # sum, so the repeats are harmless and cheaper than de-duplicating each level.
-            nodes >>= 1
-            children = pairs[nodes]  # (k, 2)
-            self.tree[nodes] = children[:, 0] + children[:, 1]
+        self.levels[-1][nodes] = vals
+        for d in range(self.depth - 1, -1, -1):
+            # Siblings share a parent, so ``nodes`` repeats entries; every copy writes the same sum,
+            # so the repeats are harmless and cheaper than de-duplicating each level.
+            nodes >>= _SHIFT
+            self.levels[d][nodes] = self._children[d][nodes].sum(axis=1)
 
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """``count`` i.i.d. indices (int64, shape (count,)) with P(i) = s_i / sum(s), i.e. with replacement.
@@ -86,29 +97,32 @@ class SumTree:
         Raises ValueError when every score is 0 (there is no distribution to draw from); callers that
         mix in a uniform floor handle that case before calling (see SamplePrioritizer).
         """
-        total = self.tree[1]
+        total = self.levels[0][0]
         if not total > 0.0:
             raise ValueError("SumTree.draw: all scores are 0; set some score > 0 or sample uniformly instead")
-        u = rng.random(count) * total  # (count,) targets in [0, total)
-        node = self._descend(u)
-        # Rounding can leave a target a hair past the last non-empty leaf of a subtree and land on
-        # an empty leaf (probability ~1e-16 per draw); draw those again.
+        leaf = self._descend(rng.random(count) * total)
+        # Rounding can leave a target a hair past the last non-empty child of a node and land on an
+        # empty leaf (probability ~1e-16 per draw); draw those again.
         for _ in range(8):
-            empty = self.tree[node] <= 0.0
+            empty = self.levels[-1][leaf] <= 0.0
             if not empty.any():
                 break
-            node[empty] = self._descend(rng.random(int(empty.sum())) * total)
-        return node - self.num_leaves
+            leaf[empty] = self._descend(rng.random(int(empty.sum())) * total)
+        return leaf
 
     def _descend(self, u: np.ndarray) -> np.ndarray:
-        """Leaf node (position in ``tree``) under each target u (modified in place), root to leaf."""
-        node = np.ones(u.shape, dtype=np.int64)
-        for _ in range(self.depth):
-            node <<= 1
-            left = self.tree[node]
-            go_right = u >= left
-            np.subtract(u, left, out=u, where=go_right)
-            node += go_right
+        """Leaf under each target u in [0, total) (u: float (B,), modified in place), root to leaf."""
+        rows = np.arange(u.size)
+        node = np.zeros(u.size, dtype=np.int64)
+        for d in range(self.depth):
+            children = self._children[d][node]  # (B, K)
+            cums = children @ _UPPER  # (B, K) running sums; a tiny matmul beats cumsum along rows
+            # Child j is chosen when cums[j-1] <= u < cums[j]: count the running sums <= u. An empty
+            # child repeats its left neighbour's running sum, so it is skipped.
+            choice = ((cums <= u[:, None]) @ _ONES).astype(np.int64)
+            np.minimum(choice, FANOUT - 1, out=choice)  # u == total after rounding
+            u -= cums[rows, choice] - children[rows, choice]
+            node = (node << _SHIFT) + choice
         return node
 
 

@@ -17,13 +17,13 @@ def _chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
 
 def test_draw_frequencies_match_scores_chi_square():
     rng = np.random.default_rng(0)
-    scores = np.array([0.0, 1.0, 2.0, 3.0, 0.5, 10.0, 0.0, 4.5, 1.0])  # N = 9: padded to 16 leaves
+    scores = np.array([0.0, 1.0, 2.0, 3.0, 0.5, 10.0, 0.0, 4.5, 1.0] * 3)  # N = 27: two levels, padded to 256 leaves
     tree = SumTree(len(scores), scores)
     draws = tree.draw(2_000_000, rng)
     counts = np.bincount(draws, minlength=len(scores))
-    # 6 degrees of freedom (7 non-zero cells - 1): the 99.9% quantile is 22.46.
-    assert _chi_square(counts, scores / scores.sum()) < 22.46
-    assert counts[0] == 0 and counts[6] == 0
+    # 20 degrees of freedom (21 non-zero cells - 1): the 99.9% quantile is 45.31.
+    assert _chi_square(counts, scores / scores.sum()) < 45.31
+    assert counts[0] == 0 and counts[6] == 0 and counts[15] == 0
 
 
 def test_update_changes_distribution_and_total():
@@ -103,8 +103,9 @@ def test_property_internal_sums_match_leaves(n, ops):
         for i, v in zip(idx, vals):  # sequential reference: last write wins
             reference[i] = v
     np.testing.assert_allclose(tree.values(), reference)
-    L = tree.num_leaves
-    np.testing.assert_allclose(tree.tree[1:L], tree.tree[2:2 * L:2] + tree.tree[3:2 * L:2], rtol=1e-12)
+    for d in range(tree.depth):  # every internal node is the sum of its children
+        np.testing.assert_allclose(tree.levels[d], tree.levels[d + 1].reshape(len(tree.levels[d]), -1).sum(axis=1),
+                                   rtol=1e-12)
     assert tree.total == pytest.approx(reference.sum(), rel=1e-12)
     if reference.sum() > 0:
         draws = tree.draw(200, np.random.default_rng(0))
