@@ -1,15 +1,15 @@
 """A vectorised sum-tree over N non-negative float scores: draw B indices and update B scores in O(B log N).
 
 Layout: a K-ary tree (K = 16) stored level by level in flat float64 arrays. ``levels[D]`` holds the
-K^D >= N leaves (leaves N.. are padding and stay 0); ``levels[d][j]`` is the sum of its K children
-``levels[d + 1][K j : K j + K]``; ``levels[0][0]`` is the total.
+N leaves, padded with zeros to a multiple of K; ``levels[d][j]`` is the sum of its K children
+``levels[d + 1][K j : K j + K]`` (padding nodes stay 0); ``levels[0][0]`` is the total.
 
 Both operations walk the D = ceil(log_K N) levels with array operations over the whole batch, so
 the Python loop runs D times (6 for N = 10^7), never B times. A wide fan-out keeps the number of
 numpy calls per step small, which is what a step of a few hundred indices costs on a CPU; the
 (B, K) work per level is tiny. Internal sums are recomputed from their children on every update
 (never adjusted by deltas), so rounding errors do not accumulate however long the tree lives.
-Memory: about 8 * 16/15 * K^D bytes (143 MiB for N = 10^7).
+Memory: about 8 * 16/15 * N bytes (81 MiB for N = 10^7).
 """
 
 from __future__ import annotations
@@ -32,8 +32,13 @@ class SumTree:
         self.depth = 1  # levels below the root
         while FANOUT ** self.depth < self.num_items:
             self.depth += 1
-        self.levels = [np.zeros(FANOUT ** d, dtype=np.float64) for d in range(self.depth + 1)]
-        # (K^d, K) views: row j holds the K children of node j of level d
+        # Level sizes bottom-up, each padded to a multiple of K only (not to K^d): the whole tree is
+        # ~N * 16/15 floats, which keeps it cache-resident for the N of a typical data set.
+        sizes = [-(-self.num_items // FANOUT) * FANOUT]
+        for _ in range(self.depth - 1):
+            sizes.append(-(-(sizes[-1] // FANOUT) // FANOUT) * FANOUT)
+        self.levels = [np.zeros(1, dtype=np.float64)] + [np.zeros(n, dtype=np.float64) for n in reversed(sizes)]
+        # (rows, K) views: row j holds the K children of node j of level d
         self._children = [lvl.reshape(-1, FANOUT) for lvl in self.levels[1:]]
         self.set_all(initial)
 
@@ -52,7 +57,8 @@ class SumTree:
         self.levels[-1][:self.num_items] = values
         self.levels[-1][self.num_items:] = 0.0
         for d in range(self.depth - 1, -1, -1):
-            self._children[d].sum(axis=1, out=self.levels[d])
+            rows = self._children[d].shape[0]
+            self._children[d].sum(axis=1, out=self.levels[d][:rows])
 
     def values(self, indices: np.ndarray | None = None) -> np.ndarray:
         """Scores of ``indices`` (all N if None); a copy for None, a gather otherwise."""

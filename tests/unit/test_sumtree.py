@@ -17,7 +17,7 @@ def _chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
 
 def test_draw_frequencies_match_scores_chi_square():
     rng = np.random.default_rng(0)
-    scores = np.array([0.0, 1.0, 2.0, 3.0, 0.5, 10.0, 0.0, 4.5, 1.0] * 3)  # N = 27: two levels, padded to 256 leaves
+    scores = np.array([0.0, 1.0, 2.0, 3.0, 0.5, 10.0, 0.0, 4.5, 1.0] * 3)  # N = 27: two levels, padded to 32 leaves
     tree = SumTree(len(scores), scores)
     draws = tree.draw(2_000_000, rng)
     counts = np.bincount(draws, minlength=len(scores))
@@ -104,8 +104,9 @@ def test_property_internal_sums_match_leaves(n, ops):
             reference[i] = v
     np.testing.assert_allclose(tree.values(), reference)
     for d in range(tree.depth):  # every internal node is the sum of its children
-        np.testing.assert_allclose(tree.levels[d], tree.levels[d + 1].reshape(len(tree.levels[d]), -1).sum(axis=1),
-                                   rtol=1e-12)
+        sums = tree.levels[d + 1].reshape(-1, 16).sum(axis=1)
+        np.testing.assert_allclose(tree.levels[d][:len(sums)], sums, rtol=1e-12)
+        assert not tree.levels[d][len(sums):].any()  # padding stays 0
     assert tree.total == pytest.approx(reference.sum(), rel=1e-12)
     if reference.sum() > 0:
         draws = tree.draw(200, np.random.default_rng(0))
