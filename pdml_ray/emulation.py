@@ -2,7 +2,9 @@
 
 A worker with speed factor ``s`` (1.0 = full speed, 0.4 = 40% of it) sleeps ``(1/s - 1)`` times
 its measured compute time after each unit of work, so its observed throughput is ``s`` times what
-it would be. Everything that uses this must say so in its output: the speeds are emulated, the
+it would be. On a CPU the compute time used for the sleep is the process's CPU time for the work
+(on a GPU, the synchronised wall time): on a shared machine, waiting for a core is not compute, and
+scaling it would make a slow worker look slower still whenever the machine is busy. Everything that uses this must say so in its output: the speeds are emulated, the
 compute (forward, backward, optimizer, collectives) is real.
 """
 
@@ -12,7 +14,7 @@ import time
 
 EMULATION_NOTE = (
     "speeds are EMULATED: a worker with speed s sleeps (1/s - 1) x its measured compute time "
-    "after each step; compute, gradients and collectives are real"
+    "(CPU time on a CPU) after each step; compute, gradients and collectives are real"
 )
 
 

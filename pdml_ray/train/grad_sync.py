@@ -10,6 +10,8 @@ Buckets launch strictly in index order on every rank, so collectives always matc
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -34,6 +36,7 @@ class WeightedGradSync:
         self._weight: float | None = None  # set while a step's backward runs
         self._pending = [0] * len(self.buckets)  # gradients still missing per bucket
         self._launched: list[tuple[torch.Tensor, object]] = []  # (flat buffer, async work) in bucket order
+        self.launch_s = 0.0  # seconds spent this step flattening/scaling/launching inside backward
         if self.overlap:
             for p in params:
                 p.register_post_accumulate_grad_hook(self._on_grad)
@@ -43,6 +46,7 @@ class WeightedGradSync:
         self._weight = weight
         self._pending = [len(b) for b in self.buckets]
         self._launched = []
+        self.launch_s = 0.0
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         if self._weight is None:
@@ -56,10 +60,12 @@ class WeightedGradSync:
             self._launch(len(self._launched))
 
     def _launch(self, k: int) -> None:
+        t0 = time.perf_counter()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[k]]
         flat = torch.cat([g.reshape(-1) for g in grads]).mul_(self._weight)
         work = dist.all_reduce(flat, async_op=True) if self.distributed else None
         self._launched.append((flat, work))
+        self.launch_s += time.perf_counter() - t0
 
     def abort(self) -> None:
         """Disarm after a failed step (its exception goes on to the caller)."""

@@ -41,7 +41,7 @@ def checking_loop(config):
         optimizer.step()
         optimizer.zero_grad()
         steps_done += 1
-        if batch.step == KILL_AT and ctx.rank == 0:
+        if batch.step == config.get("kill_at", KILL_AT) and ctx.rank == 0:
             ray.kill(ray.get_actor(ctx.config.scheduler_name, namespace=ctx.config.namespace), no_restart=True)
     if ctx.rank == 0:
         with open(config["out"], "w") as f:

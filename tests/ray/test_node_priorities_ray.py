@@ -3,6 +3,8 @@ and training that survives the scheduler's death. One training run checks all th
 
 import json
 
+import numpy as np
+
 import pytest
 import ray
 import ray.train
@@ -36,9 +38,12 @@ def test_weighted_gradient_equals_global_batch_gradient(run):
 
 def test_shares_settle_near_the_speed_ratio(run):
     _, out = run
-    # mean over the steps before the kill, once settled (decisions every 4 steps from step ~8)
-    ratios = [b1 / b0 for b0, b1 in out["sizes"][KILL_AT - 10:KILL_AT + 1]]
-    assert abs(sum(ratios) / len(ratios) - 0.4) <= 0.04, (ratios, out["adopted"])
+    # speeds 1 : 0.4 -> target shares 1/1.4 and 0.4/1.4; each settled share within 10% of its target
+    # (mean over the steps before the kill; decisions come every 4 steps from step ~8)
+    window = np.array(out["sizes"][KILL_AT - 10:KILL_AT + 1], dtype=float)
+    shares = (window / window.sum(axis=1, keepdims=True)).mean(axis=0)
+    target = np.array([1.0, 0.4]) / 1.4
+    assert np.all(np.abs(shares / target - 1.0) <= 0.10), (shares.tolist(), out["adopted"])
 
 
 def test_training_survives_the_scheduler_dying(run):
