@@ -24,7 +24,7 @@ GLOBAL_BATCH = 132
 def cluster():
     here = os.path.dirname(os.path.abspath(__file__))
     c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "_system_config": {"metrics_report_interval_ms": 500}})
+        "num_cpus": 0, "_system_config": {"metrics_report_interval_ms": 500}})  # workers never land here
     c.add_node(num_cpus=1, resources={"accelerator_type:H100": 1})
     c.add_node(num_cpus=1, resources={"accelerator_type:A100": 1})
     ray.init(address=c.address, log_to_driver=False,
