@@ -16,9 +16,12 @@ one positive number per step (a learning-rate factor; ``probabilities`` gives th
 replacement (``replacement=False``) a step's indices are distinct and the same weights are used: a
 small bias that vanishes as B / N -> 0.
 
-Never-seen samples score the maximum score seen so far, so they are drawn early. They form one
-group (count U, each weighing M^alpha) outside the sum-tree, so a new maximum costs O(1), not O(N);
-a draw from the group picks uniformly among unseen samples by rejection from a lazily compacted list.
+Never-seen samples score the maximum score seen so far (``unseen_score='max'``, the default), so
+they are drawn early: the first epoch visits (nearly) every sample before the sampler can focus.
+``unseen_score='mean'`` gives them the mean seen score instead, so high-loss samples are exploited
+as soon as they are found. Either way the unseen samples form one group (count U, each weighing
+M^alpha) outside the sum-tree, so a new maximum costs O(1), not O(N); a draw from the group picks
+uniformly among unseen samples by rejection from a lazily compacted list.
 
 Staleness. Scores not refreshed for ``stale_after`` steps decay towards the mean score:
 ``s <- mean + (s - mean) * (1 - staleness_decay)^steps``. The decay is applied in sweeps over a
@@ -33,7 +36,13 @@ permutation path is used instead.
 Continuity. Every ``continuity.check_interval`` steps the priority part of the distribution
 (s^alpha over the seen samples; the uniform floor is ours and would mask a collapse of the scores)
 goes through ``ContinuityMonitor``; on a collapse the scores are perturbed and pulled towards their
-median, and the uniform mix is raised for ``recalibration_steps`` steps.
+median (O(N), only on a collapse), and the uniform mix is raised for ``recalibration_steps`` steps.
+A collapse seen again while that raised mix holds is counted but not acted on twice.
+
+Wiring (the scheduler owns one instance): each step ``plan(step, decision.batch_sizes)`` gives
+worker i ``indices[i]`` and ``weights[i]`` (loss_i = mean(weights[i] * per_sample_loss), or the
+self-normalised sum(w l) / sum(w)); workers report ``WorkerReport.sample_indices/sample_losses``,
+which go to ``update(indices, losses, step)``; ``state_dict()`` goes into the checkpoint.
 """
 
 from __future__ import annotations
