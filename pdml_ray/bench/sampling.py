@@ -18,6 +18,7 @@ so that one-time first-call costs of torch and numpy land on neither arm.
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from typing import Any
 
@@ -216,6 +217,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.device != "cpu":
         print("note: this benchmark trains a small MLP; it runs on the CPU whatever --device says")
     torch.set_num_threads(1)  # both arms share one core; the machine may be shared
+    # Collapses are counted in the JSON (priority_stats); one warning line per collapse would bury the table.
+    logging.getLogger("pdml_ray.priority.continuity").setLevel(logging.ERROR)
     reps = args.repetitions or (3 if args.quick else 5)
     max_steps = args.max_steps or (900 if args.quick else 1500)
     print("pdml-ray bench sampling: one process, no Ray. Real: generated data, torch MLP training, all timings;\n"
@@ -231,7 +234,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         controls.append(_pair(1, args, seed, min(max_steps, 300), 2, args.control_target_f1))
         print(f"  seed {seed}: steps to F1>={args.target_f1}: uniform {runs[-1]['steps_to_target_uniform']}, "
               f"priority {runs[-1]['steps_to_target_priority']}; control {controls[-1]['steps_to_target_uniform']} "
-              f"vs {controls[-1]['steps_to_target_priority']}")
+              f"vs {controls[-1]['steps_to_target_priority']}; continuity collapses (peaked/flat) "
+              f"{runs[-1]['priority_stats']['collapsed_peaked']:.0f}/{runs[-1]['priority_stats']['collapsed_flat']:.0f}")
     summary, control = _summary(runs), _summary(controls)
     tree = _sumtree_timing(10 if args.quick else 50, args.seed)
     result = {
