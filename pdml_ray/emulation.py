@@ -2,10 +2,13 @@
 
 A worker with speed factor ``s`` (1.0 = full speed, 0.4 = 40% of it) sleeps ``(1/s - 1)`` times
 its measured compute time after each unit of work, so its observed throughput is ``s`` times what
-it would be. On a CPU the compute time used for the sleep is the process's CPU time for the work
-(on a GPU, the synchronised wall time): on a shared machine, waiting for a core is not compute, and
-scaling it would make a slow worker look slower still whenever the machine is busy. Everything that uses this must say so in its output: the speeds are emulated, the
-compute (forward, backward, optimizer, collectives) is real.
+it would be. The compute time is wall time (synchronised on a GPU): with more workers than cores,
+a worker's compute includes waiting for a core, and a slow device in the same crowded machine would
+take 1/s times that too. The flip side: stalls caused by other processes are scaled with it, so
+emulated runs on a busy machine look more uneven than the speeds say.
+
+Everything that uses this must say so in its output: the speeds are emulated, the compute
+(forward, backward, optimizer, collectives) is real.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 
 EMULATION_NOTE = (
     "speeds are EMULATED: a worker with speed s sleeps (1/s - 1) x its measured compute time "
-    "(CPU time on a CPU) after each step; compute, gradients and collectives are real"
+    "after each step; compute, gradients and collectives are real"
 )
 
 

@@ -44,12 +44,6 @@ log = logging.getLogger(__name__)
 SCHEDULER_STATE_FILE = "pdml_scheduler_state.pkl"
 
 
-def _cpu_clock() -> float:
-    """CPU seconds of the compute: this thread's alone when torch computes on one thread (the
-    collective library's background threads are communication), else the whole process's."""
-    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
-
-
 @dataclass(frozen=True, slots=True)
 class StepBatch:
     """One worker's share of one global step."""
@@ -83,7 +77,6 @@ class StepScope:
             raise RuntimeError("call ctx.prepare_model(model) before the first ctx.step(batch)")
         self.ctx._sync.begin(self.batch.grad_weight)
         self._t0 = time.perf_counter()
-        self._cpu0 = _cpu_clock()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -97,12 +90,9 @@ class StepScope:
         # it costs the same at any batch size, and counting it would skew the throughput shares.
         launch_s = ctx._sync.launch_s
         compute_s = time.perf_counter() - self._t0 - launch_s
-        # Emulated slowdown counts as compute. On a CPU it scales the CPU time the step used, so that
-        # stalls from other processes on a shared machine are not amplified into extra slowness.
-        work_s = compute_s if ctx.device.type == "cuda" else _cpu_clock() - self._cpu0 - launch_s
-        compute_s += emulate_speed(work_s, ctx.speed)
+        compute_s += emulate_speed(compute_s, ctx.speed)  # the emulated slowdown counts as compute
         t1 = time.perf_counter()
-        ctx._sync.finish(self.batch.grad_weight)  # buckets already in flight since backward
+        ctx._sync.finish()  # buckets already in flight since backward
         wait_s = time.perf_counter() - t1 + launch_s
         ctx._finish_step(self.batch, compute_s, wait_s, self._per_sample)
 

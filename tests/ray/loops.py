@@ -42,10 +42,13 @@ def checking_loop(config):
         optimizer.zero_grad()
         steps_done += 1
         if batch.step == config.get("kill_at", KILL_AT) and ctx.rank == 0:
+            ctx.flush()
+            last_rates = ctx.client.call("stats")["rates"]  # the scheduler's view just before it dies
             ray.kill(ray.get_actor(ctx.config.scheduler_name, namespace=ctx.config.namespace), no_restart=True)
     if ctx.rank == 0:
+        rates = ctx.client.call("stats")["rates"] if config.get("kill_at", KILL_AT) < 0 else last_rates
         with open(config["out"], "w") as f:
-            json.dump({"grad_checks": grad_checks, "sizes": sizes_seen, "steps_done": steps_done,
+            json.dump({"grad_checks": grad_checks, "sizes": sizes_seen, "steps_done": steps_done, "rates": rates,
                        "adopted": ctx.adopted, "client_failures": ctx.client.failures}, f)
 
 

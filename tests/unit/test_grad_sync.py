@@ -34,8 +34,8 @@ def test_weighted_gradient_matches_and_buckets_launch_during_backward(gloo, over
     assert len(sync.buckets) == (3 if bucket_bytes == 64 else 1)  # the 12-byte bias shares a bucket
     sync.begin(0.25)
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    assert len(sync._launched) == (len(sync.buckets) if overlap else 0)  # in flight before finish()
-    sync.finish(0.25)
+    assert len(sync._works) == (len(sync.buckets) if overlap else 0)  # in flight before finish()
+    sync.finish()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, 0.25 * q.grad)
 
@@ -51,11 +51,30 @@ def test_a_second_backward_in_one_step_is_an_error(gloo):
     sync.abort()
 
 
+def test_gradients_accumulate_in_place_into_the_bucket_buffers(gloo):
+    model = _model()
+    sync = WeightedGradSync(list(model.parameters()), bucket_bytes=64)
+    for _ in range(2):  # a second step reuses the same buffers, whatever zero_grad did
+        sync.begin(1.0)
+        model(torch.randn(4, 8)).sum().backward()
+        sync.finish()
+        storages = {b.untyped_storage().data_ptr() for b in sync.buffers}
+        for p in model.parameters():  # every .grad lives inside one of the flat bucket buffers
+            assert p.grad.untyped_storage().data_ptr() in storages
+        model.zero_grad(set_to_none=True)
+
+
+def test_finish_without_begin_is_an_error(gloo):
+    sync = WeightedGradSync(list(_model().parameters()))
+    with pytest.raises(RuntimeError, match="without begin"):
+        sync.finish()
+
+
 def test_unused_parameters_still_get_a_combined_gradient(gloo):
     model = _model()
     extra = torch.nn.Parameter(torch.ones(5))
     sync = WeightedGradSync(list(model.parameters()) + [extra], bucket_bytes=64)
     sync.begin(0.5)
     model(torch.randn(4, 8)).sum().backward()
-    sync.finish(0.5)
+    sync.finish()
     assert torch.equal(extra.grad, torch.zeros(5))
