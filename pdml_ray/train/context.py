@@ -116,12 +116,16 @@ class PDMLContext:
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
         self._sync: WeightedGradSync | None = None
-        self.overlap_comm = True  # set False before prepare_model for several backward passes per step
+        # Overlap the all-reduce with backward on GPUs (NCCL runs beside the kernels). On CPUs (gloo)
+        # the collective's threads take cores from the compute itself, so it runs after backward.
+        # Set before prepare_model; False also allows several backward passes per step.
+        self.overlap_comm = device.type == "cuda"
         self._reports: list[WorkerReport] = []
         self._plans: dict[int, SamplePlan] = {}
         self._num_samples: int | None = None
         self._step_t0 = time.perf_counter()
         self._step_overhead = 0.0
+        self._boundary_wait = 0.0
         if client is not None:
             client.register(rank, accelerator_type)
         if world_size > 1:
@@ -201,10 +205,11 @@ class PDMLContext:
             sample_losses = per_sample.float().cpu().numpy()
         self._reports.append(WorkerReport(
             worker_id=self.rank, step=batch.step, samples=max(len(batch.indices), 0), compute_s=compute_s,
-            wait_s=wait_s, step_s=now - self._step_t0, overhead_s=self._step_overhead, loss=loss,
+            wait_s=wait_s + self._boundary_wait, step_s=now - self._step_t0, overhead_s=self._step_overhead, loss=loss,
             accelerator_type=self.accelerator_type,
             sample_indices=batch.indices if sample_losses is not None else None, sample_losses=sample_losses))
         self.global_step += 1
+        self._boundary_wait = 0.0
         self._step_overhead = time.perf_counter() - t0
         self.overhead_s += self._step_overhead
         self._step_t0 = now
@@ -237,7 +242,11 @@ class PDMLContext:
         if self.world_size > 1:
             # one tiny broadcast says whether anything came; the pickled bundle only travels when it did
             flag = torch.tensor([1 if bundle is not None else 0], dtype=torch.int32, device=self.device)
+            t_sync = time.perf_counter()
             dist.broadcast(flag, src=0)
+            # this collective mostly waits for the slowest rank to arrive: count it as waiting, not overhead
+            self._boundary_wait = time.perf_counter() - t_sync
+            t0 += self._boundary_wait
             if flag.item():
                 box = [bundle]
                 dist.broadcast_object_list(box, src=0)
