@@ -134,7 +134,7 @@ class PDMLContext:
     # -- model ---------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move to the device, make all ranks start from rank 0's parameters, and hook the weighted
-        gradient all-reduce into backward (bucketed, overlapped; see grad_sync.py). Call once."""
+        gradient all-reduce into backward (bucketed; overlapped on GPUs; see grad_sync.py). Call once."""
         model = model.to(self.device)
         self._params = [p for p in model.parameters() if p.requires_grad]
         if self.world_size > 1:
