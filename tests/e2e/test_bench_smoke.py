@@ -1,0 +1,38 @@
+"""Benchmarks are not tests: each runs once here with --quick as a smoke check of the product path
+(its JSON has the issue's figures and the standard fields). No timing is asserted."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+STANDARD = {"command", "git_rev", "machine", "emulated"}
+FIGURES = {
+    "hetero": {"speeds", "rates", "comm_s", "ideal_speedup", "ideal_speedup_no_comm", "speedup_vs_uniform",
+               "efficiency", "loss_uniform", "loss_pdml", "scheduler_overhead_fraction"},
+    "sampling": {"steps_to_target_uniform", "steps_to_target_priority", "step_ratio", "time_to_target_uniform_s",
+                 "time_to_target_priority_s", "time_ratio", "target_metric", "control", "sumtree"},
+    "pipeline": {"grid", "ray"},
+}
+EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
+         "sampling": ["--repetitions", "1", "--dataset-size", "5000"],
+         "pipeline": []}
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
+    out = tmp_path / f"{name}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "pdml_ray.cli", "bench", name, "--quick", "--json", str(out), *EXTRA[name]],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert STANDARD | FIGURES[name] <= set(result), sorted(set(result))
+    assert result["machine"]["cores"] >= 1 and result["emulated"]
+    if name == "pipeline":
+        case = result["grid"][0]
+        assert {"stages", "replicas", "microbatches", "profile", "makespan_s", "bubble_fraction", "lower_bound_s",
+                "osprey_over_1f1b", "osprey_over_lower_bound", "warmup_steps", "memory_violations"} <= set(case)
+        assert "osprey_over_static" in result["ray"], result["ray"]
