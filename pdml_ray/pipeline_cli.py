@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from typing import Any
 
 DESCRIPTION = "simulate a pipeline cluster profile under every schedule (gpipe, 1f1b, critical-path, osprey, auto)"
@@ -81,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from pdml_ray.config import PipelineConfig
     from pdml_ray.pipeline.plan import format as format_plan
     from pdml_ray.pipeline.registry import SCHEDULERS
-    from pdml_ray.pipeline.simulate import compare_in_simulation
+    from pdml_ray.pipeline.simulate import compare_in_simulation, steady_state
 
     profile = build_profile(args)
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
@@ -91,12 +90,12 @@ def run(args: argparse.Namespace) -> int:
     config = PipelineConfig(memory_limit=profile.memory_limit)
     results = compare_in_simulation(profile, args.microbatches, names, steps=args.steps, config=config, seed=args.seed)
     half = args.steps // 2  # steady state: the second half of the steps
-    steady = {n: statistics.median(r["makespan_s"][half:]) for n, r in results.items()}
-    lower = statistics.median(next(iter(results.values()))["lower_bound_s"][half:])
+    summary = steady_state(results, half)
+    steady, bubble, lower = summary["makespan_s"], summary["bubble_fraction"], summary["lower_bound_s"]
     base = steady.get("1f1b")
     rows = []
     for n, r in results.items():
-        rows.append([n, steady[n], statistics.median(r["bubble_fraction"][half:]), max(r["peak_memory"].values()),
+        rows.append([n, steady[n], bubble[n], max(r["peak_memory"].values()),
                      r["memory_violations"], steady[n] / base if base else float("nan"), steady[n] / lower])
     print(f"simulated cluster: {profile.stages} stages x replicas {list(profile.replicas)}, "
           f"{args.microbatches} micro-batches, speeds {[[round(s, 2) for s in row] for row in profile.speeds]}, "

@@ -58,8 +58,10 @@ def check_device(device: str) -> None:
             raise SystemExit("--device cuda: no CUDA GPU is visible here; use --device cpu")
 
 
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
+def median(values: Sequence[float | None]) -> float | None:
+    """Median of the values that are not None (e.g. runs that never reached a target); None if none are."""
+    present = [v for v in values if v is not None]
+    return float(statistics.median(present)) if present else None
 
 
 def finish(args: argparse.Namespace, result: dict[str, Any], emulated: dict[str, Any]) -> dict[str, Any]:

@@ -38,20 +38,17 @@ def _grid(quick: bool) -> list[tuple[int, int, int, str]]:
 
 def run_case(stages: int, replicas: int, microbatches: int, profile_name: str, steps: int, seed: int) -> dict[str, Any]:
     from pdml_ray.config import PipelineConfig
-    from pdml_ray.pipeline.simulate import ClusterProfile, compare_in_simulation
+    from pdml_ray.pipeline.simulate import ClusterProfile, compare_in_simulation, steady_state
 
     profile = ClusterProfile.build(stages, replicas, profile=profile_name, seed=seed, memory_limit=stages)
     res = compare_in_simulation(profile, microbatches, SCHEDULES, steps=steps,
                                 config=PipelineConfig(memory_limit=stages), seed=seed)
-    half = steps // 2
-    med = {n: statistics.median(r["makespan_s"][half:]) for n, r in res.items()}
-    lower = statistics.median(res["1f1b"]["lower_bound_s"][half:])
+    steady = steady_state(res, steps // 2)
+    med, lower = steady["makespan_s"], steady["lower_bound_s"]
     osprey = res["osprey"]["makespan_s"]
     warmup = next(t for t, x in enumerate(osprey) if x <= 1.05 * med["osprey"])
     return {"stages": stages, "replicas": replicas, "microbatches": microbatches, "profile": profile_name,
-            "makespan_s": med,
-            "bubble_fraction": {n: statistics.median(r["bubble_fraction"][half:]) for n, r in res.items()},
-            "lower_bound_s": lower, "osprey_over_1f1b": med["osprey"] / med["1f1b"],
+            "makespan_s": med, "bubble_fraction": steady["bubble_fraction"], "lower_bound_s": lower, "osprey_over_1f1b": med["osprey"] / med["1f1b"],
             "osprey_over_lower_bound": med["osprey"] / lower, "warmup_steps": warmup,
             "memory_violations": {n: r["memory_violations"] for n, r in res.items()},
             "peak_activations": {n: max(r["peak_memory"].values()) for n, r in res.items()},

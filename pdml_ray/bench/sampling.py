@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from pdml_ray.bench.common import median
+
 DESCRIPTION = "uniform vs loss-priority sampling on an imbalanced task (steps and wall time to a target F1)"
 
 _DIM = 16         # feature dimension
@@ -189,20 +191,15 @@ def _sumtree_timing(reps: int, seed: int) -> dict[str, Any]:
             "draw_update_ms_max": float(ms.max())}
 
 
-def _median(values) -> float | None:
-    vals = [v for v in values if v is not None]
-    return float(np.median(vals)) if vals else None
-
-
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("steps_to_target_uniform", "steps_to_target_priority", "step_ratio", "time_to_target_uniform_s",
             "time_to_target_priority_s", "time_ratio", "step_time_uniform_ms", "step_time_priority_ms",
             "priority_overhead_fraction", "continuity_overhead_fraction", "continuity_check_us",
             "recalibration_overhead_fraction")
-    out = {k: _median([r[k] for r in runs]) for k in keys}
+    out = {k: median([r[k] for r in runs]) for k in keys}
     for arm in ("uniform", "priority"):
-        out[f"final_{arm}_minority_f1"] = _median([r[f"final_{arm}"].get("minority_f1") for r in runs])
-        out[f"final_{arm}_minority_recall"] = _median([r[f"final_{arm}"].get("minority_recall") for r in runs])
+        out[f"final_{arm}_minority_f1"] = median([r[f"final_{arm}"].get("minority_f1") for r in runs])
+        out[f"final_{arm}_minority_recall"] = median([r[f"final_{arm}"].get("minority_recall") for r in runs])
     out["reached_uniform"] = sum(r["steps_to_target_uniform"] is not None for r in runs)
     out["reached_priority"] = sum(r["steps_to_target_priority"] is not None for r in runs)
     return out

@@ -264,3 +264,12 @@ def compare_in_simulation(profile: ClusterProfile, microbatches: int, schedules:
                      "decision": dict(getattr(scheduler, "last_decision", {}) or {}),
                      "last_plan": scheduler.plan(steps)}
     return out
+
+
+def steady_state(results: dict[str, dict], from_step: int) -> dict[str, Any]:
+    """Medians over steps ``from_step..`` of ``compare_in_simulation`` results: per-schedule makespan
+    (s) and bubble fraction, and the lower bound (s; the same for every schedule)."""
+    first = next(iter(results.values()))
+    return {"makespan_s": {n: float(np.median(r["makespan_s"][from_step:])) for n, r in results.items()},
+            "bubble_fraction": {n: float(np.median(r["bubble_fraction"][from_step:])) for n, r in results.items()},
+            "lower_bound_s": float(np.median(first["lower_bound_s"][from_step:]))}
