@@ -8,10 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-METRIC_NAMES = ("pdml_node_priority", "pdml_batch_size", "pdml_grad_weight", "pdml_worker_throughput",
-                "pdml_decision_version", "pdml_reports_rejected", "pdml_sample_normalized_ess",
-                "pdml_continuity_recalibrations")
-
 
 class PriorityGauges:
     """One gauge per priority quantity; per-worker ones are tagged by worker and accelerator type."""
