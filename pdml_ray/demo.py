@@ -38,7 +38,10 @@ def _watch(name: str, namespace: str, label: str, total_steps: int, stop: thread
             stats, telemetry = ray.get([handle.stats.remote(), handle.telemetry.remote()], timeout=5)
         except Exception:  # noqa: BLE001 - progress display must never break the run
             continue
-        steps = int(telemetry["step"].max()) + 1 if len(telemetry["step"]) else 0
+        if not len(telemetry["step"]):
+            print(f"  [{label}] {time.monotonic() - t0:5.0f}s  starting the Ray Train workers ...", flush=True)
+            continue
+        steps = int(telemetry["step"].max()) + 1
         print(f"  [{label}] {time.monotonic() - t0:5.0f}s  step {steps:>4}/{total_steps}  "
               f"batch sizes {stats['batch_sizes']}  decision v{stats['version']}", flush=True)
 
