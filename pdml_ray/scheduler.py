@@ -76,6 +76,7 @@ class Scheduler:
         """Ingest a batch of reports (fire-and-forget from workers); may publish a new decision."""
         t0 = time.perf_counter()
         last_step = -1
+        indices, losses = [], []  # per-sample feedback of the whole batch, folded in with one update
         for r in reports:
             if self.node.ingest(r) is not None:
                 continue
@@ -84,8 +85,11 @@ class Scheduler:
             self.reports_received += 1
             last_step = max(last_step, r.step)
             self._log.append((r.worker_id, r.step, r.samples, r.compute_s, r.wait_s, r.step_s, r.overhead_s, r.loss))
-            if self.sample_priorities is not None and r.sample_indices is not None and len(r.sample_indices):
-                self.sample_priorities.update(r.sample_indices, r.sample_losses, r.step)
+            if r.sample_indices is not None:
+                indices.append(r.sample_indices)
+                losses.append(r.sample_losses)
+        if self.sample_priorities is not None and indices:
+            self.sample_priorities.update(np.concatenate(indices), np.concatenate(losses), last_step)
         if last_step >= 0:
             decision = self.node.decide(last_step + 1)
             if decision is not None:
@@ -108,7 +112,7 @@ class Scheduler:
         plans: tuple[SamplePlan, ...] = ()
         if self.sample_priorities is not None:
             sizes = newest.batch_sizes if newest is not None else batch_sizes
-            plans = tuple(self.sample_priorities.plan(first_step + k, sizes) for k in range(num_steps))
+            plans = tuple(self.sample_priorities.plans(first_step, num_steps, sizes))
         return StepBundle(newest, plans)
 
     def decision_history(self) -> list[dict]:

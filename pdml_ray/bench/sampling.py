@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=256, help="MLP width (default 256)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sample_priority.exponent (default 1)")
     parser.add_argument("--uniform-mix", type=float, default=0.1, help="sample_priority.uniform_mix (default 0.1)")
+    parser.add_argument("--plan-ahead", type=int, default=5,
+                        help="steps per plan batch and per table update, as the scheduler's decision interval "
+                             "does in the Ray Train path (default 5; 1 = draw and update every step)")
     parser.add_argument("--check-interval", type=int, default=50,
                         help="continuity.check_interval in steps (default 50: detection within 50 steps)")
     parser.add_argument("--unseen-score", choices=("max", "mean"), default="mean",
@@ -86,6 +89,9 @@ class _Arm:
                                           torch.nn.ReLU(), torch.nn.Linear(h, 1))
         self.opt = torch.optim.Adam(self.model.parameters(), lr=args.lr)
         self.sp = prioritizer
+        self.plan_ahead = args.plan_ahead
+        self._plans: list = []               # plans drawn for the rest of the interval
+        self._feedback: list[tuple] = []     # (indices, losses) of the interval's steps so far
         self.rng = np.random.default_rng(seed + 1)
         self.batch = args.batch_size
         self.train_s = 0.0     # everything of a step: sampling, weights, forward, backward, table updates
@@ -102,7 +108,15 @@ class _Arm:
         if self.sp is None:
             idx, w = self.rng.integers(0, self.n, self.batch), None
         else:
-            plan = self.sp.plan(step, [self.batch])
+            # As in the Ray Train path: at each interval boundary the table takes the interval's
+            # losses in one update, then hands out the next interval's plans from one draw.
+            if not self._plans:
+                if self._feedback:
+                    idx_all, loss_all = (np.concatenate(a) for a in zip(*self._feedback))
+                    self.sp.update(idx_all, loss_all, step - 1)
+                    self._feedback = []
+                self._plans = self.sp.plans(step, self.plan_ahead, [self.batch])
+            plan = self._plans.pop(0)
             idx, w = plan.indices[0], torch.from_numpy(plan.weights[0])
         t1 = time.perf_counter()
         ti = torch.from_numpy(idx)
@@ -113,7 +127,7 @@ class _Arm:
         self.opt.step()
         t2 = time.perf_counter()
         if self.sp is not None:
-            self.sp.update(idx, per_sample.detach().numpy(), step)
+            self._feedback.append((idx, per_sample.detach().numpy()))
             self.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
         self.train_s += time.perf_counter() - t0
 
@@ -243,6 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": args.batch_size, "lr": args.lr, "max_steps": max_steps, "repetitions": reps,
         "sample_priority": {"exponent": args.temperature, "uniform_mix": args.uniform_mix,
                             "unseen_score": args.unseen_score},
+        "plan_ahead": args.plan_ahead, "continuity_check_interval": args.check_interval,
         **summary,
         "control": {"target_value": args.control_target_f1, **control},
         "sumtree": tree,

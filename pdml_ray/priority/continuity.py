@@ -132,8 +132,10 @@ class ContinuityMonitor:
         self.collapsed_peaked = 0
         self.last: ContinuityVerdict | None = None
 
-    def due(self, step: int) -> bool:
-        return step % self.config.check_interval == 0
+    def due(self, step: int, last_checked: int | None) -> bool:
+        """Whether a check is due at ``step`` given the step of the last one: every ``check_interval``
+        steps, also when callers skip steps (a scheduler folds in several steps' feedback at once)."""
+        return last_checked is None or step - last_checked >= self.config.check_interval
 
     def check(self, priorities: np.ndarray, step: int, *, validate: bool = True) -> ContinuityVerdict:
         cfg = self.config

@@ -186,23 +186,42 @@ class SamplePrioritizer:
 
     def plan(self, step: int, batch_sizes: Sequence[int]) -> SamplePlan:
         """Indices and importance weights for every worker at ``step``; worker i gets ``batch_sizes[i]``."""
+        return self.plans(step, 1, batch_sizes)[0]
+
+    def plans(self, first_step: int, num_steps: int, batch_sizes: Sequence[int]) -> list[SamplePlan]:
+        """Plans for ``num_steps`` consecutive steps from the current scores, as a scheduler hands them
+        out once per decision interval. With replacement all of them come from one draw (one tree
+        descent instead of one per step); the distribution, including the uniform mix, is the one in
+        effect at ``first_step``, and beta is annealed per step."""
         sizes = [int(b) for b in batch_sizes]
         if not sizes or min(sizes) < 0:
             raise ValueError(f"batch_sizes must be non-negative integers, got {list(batch_sizes)}")
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         total = sum(sizes)
-        mix = self.mix(step)
-        indices = self._draw(total, mix) if self.config.replacement else self._draw_distinct(total, mix)
-        beta = self.beta(step)
-        # (N p)^-beta; the floor only matters for a uniform fill of replacement=False at mix 0 (p = 0)
-        weights = np.power(np.maximum(self.num_samples * self.probabilities(indices, step), 1e-12), -beta)
-        if weights.size:
-            weights /= weights.max()
-        self.samples_drawn += total
-        self._last_mix, self._last_beta = mix, beta
-        weights = weights.astype(np.float32)
+        mix = self.mix(first_step)
+        if self.config.replacement:
+            drawn = self._draw(total * num_steps, mix)
+            p_drawn = self.probabilities(drawn, first_step)
         bounds = [0, *itertools.accumulate(sizes)]  # worker i gets [bounds[i], bounds[i+1])
-        return SamplePlan(step=step, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
-                          weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:])))
+        out = []
+        for k in range(num_steps):
+            if self.config.replacement:
+                indices, p = drawn[k * total:(k + 1) * total], p_drawn[k * total:(k + 1) * total]
+            else:
+                indices = self._draw_distinct(total, mix)
+                p = self.probabilities(indices, first_step)
+            beta = self.beta(first_step + k)
+            # (N p)^-beta; the floor only matters for a uniform fill of replacement=False at mix 0 (p = 0)
+            weights = np.power(np.maximum(self.num_samples * p, 1e-12), -beta)
+            if weights.size:
+                weights /= weights.max()
+            weights = weights.astype(np.float32)
+            out.append(SamplePlan(step=first_step + k, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
+                                  weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:]))))
+        self.samples_drawn += total * num_steps
+        self._last_mix, self._last_beta = mix, self.beta(first_step + num_steps - 1)
+        return out
 
     # ------------------------------------------------------------------ feedback
     def update(self, indices: np.ndarray, losses: np.ndarray, step: int) -> ContinuityVerdict | None:
@@ -240,7 +259,7 @@ class SamplePrioritizer:
                 self._unseen_list = self._unseen_list[~self.seen[self._unseen_list]]
         if self.config.staleness_decay > 0:
             self._decay_stale(step)
-        if self.monitor is not None and self.monitor.due(step) and self._last_check_step != step:
+        if self.monitor is not None and self.monitor.due(step, self._last_check_step):
             self._last_check_step = step
             t0, recal_before = time.perf_counter(), self.recalibration_seconds
             verdict = self.check(step)

@@ -98,12 +98,18 @@ def _drive(kind: str, steps: int, cfg: ContinuityConfig, seed: int = 5):
             p = p.mean() + 0.6 * (p - p.mean())
         else:  # a deriver that fixates on a handful of items: their scores grow 50% a step
             p[:5] *= 1.5
-        if mon.due(step):
+        if mon.due(step, mon.last.step if mon.last else None):
             v = mon.check(p, step)
             if not v.healthy and detected is None:
                 detected = step
                 return mon, detected, p, v
     return mon, detected, p, None
+
+
+def test_a_check_is_due_every_interval_even_when_steps_are_skipped():
+    mon = ContinuityMonitor(ContinuityConfig(check_interval=10))
+    assert mon.due(4, None)
+    assert not mon.due(13, 4) and mon.due(14, 4) and mon.due(19, 4)  # feedback folded in 5 steps at a time
 
 
 @pytest.mark.parametrize("kind", ["flat", "peaked"])

@@ -218,3 +218,24 @@ def test_config_messages_say_how_to_fix():
         SamplePriorityConfig(score="grad")
     with pytest.raises(ValueError, match="num_samples >= 1"):
         SamplePrioritizer(0)
+
+
+def test_plans_for_an_interval_come_from_one_draw_with_per_step_beta():
+    n = 1000
+    scores = np.ones(n)
+    scores[:10] = 50.0  # 10 hot samples hold about a third of the mass
+    sp = _seeded(n, scores, uniform_mix=0.0, is_exponent_start=0.0, is_anneal_steps=10)
+    plans = sp.plans(5, 5, [30, 10])
+    assert [p.step for p in plans] == [5, 6, 7, 8, 9]
+    for k, plan in enumerate(plans):
+        assert [len(i) for i in plan.indices] == [30, 10]
+        w = np.concatenate(plan.weights)
+        assert w.max() == pytest.approx(1.0)
+        hot = np.concatenate(plan.indices) < 10
+        if hot.any() and (~hot).any():  # beta = (5 + k) / 10: hot samples weigh (1/50)^beta of the rest
+            ratio = w[hot].max() / w[~hot].max()
+            assert ratio == pytest.approx((1 / 50) ** ((5 + k) / 10), rel=1e-5)
+    drawn = np.concatenate([np.concatenate(p.indices) for p in plans])
+    assert 0.2 < np.mean(drawn < 10) < 0.5  # 500 / 1490 = 0.34 expected
+    with pytest.raises(ValueError, match="num_steps"):
+        sp.plans(0, 0, [4])
