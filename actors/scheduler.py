@@ -28,6 +28,12 @@ class MeteredScheduler(Scheduler):
         super().report(reports)
         self._export()
 
+    def bundle(self, since_version: int, first_step: int, num_steps: int, batch_sizes: tuple[int, ...]):
+        bundle = super().bundle(since_version, first_step, num_steps, batch_sizes)
+        if bundle.decision is not None:
+            self._export()
+        return bundle
+
     def _export(self) -> None:
         # per-worker series are tagged by accelerator type: export once every worker has said its type
         # (or reports arrive, e.g. after a restart), so no series carries a placeholder type

@@ -73,7 +73,7 @@ class Scheduler:
                                                        self.config.continuity, seed=self.config.seed)
 
     def report(self, reports: list[WorkerReport]) -> None:
-        """Ingest a batch of reports (fire-and-forget from workers); may publish a new decision."""
+        """Ingest a batch of reports (fire-and-forget from workers) into the estimates."""
         t0 = time.perf_counter()
         last_step = -1
         indices, losses = [], []  # per-sample feedback of the whole batch, folded in with one update
@@ -90,11 +90,6 @@ class Scheduler:
                 losses.append(r.sample_losses)
         if self.sample_priorities is not None and indices:
             self.sample_priorities.update(np.concatenate(indices), np.concatenate(losses), last_step)
-        if last_step >= 0:
-            decision = self.node.decide(last_step + 1)
-            if decision is not None:
-                self.decisions.append(decision)
-                log.info("%s", decision)
         self.ingest_s += time.perf_counter() - t0
 
     # -- outputs -----------------------------------------------------------------------------------
@@ -102,12 +97,19 @@ class Scheduler:
         return self.node.decision
 
     def bundle(self, since_version: int, first_step: int, num_steps: int, batch_sizes: tuple[int, ...]) -> StepBundle:
-        """Newest decision if newer than ``since_version``, plus sample plans for ``num_steps`` steps
-        from ``first_step`` sized by the decision the caller will run with."""
+        """A new decision (effective from ``first_step``) if the estimates call for one, else the newest
+        one if newer than ``since_version``; plus sample plans for ``num_steps`` steps from
+        ``first_step``, sized by the decision the caller will run with."""
         if since_version > self.node.decision.version:
             # this scheduler restarted and lost its state: continue the workers' version numbering so
             # its next decision is newer than the one they run on (the current one is not re-sent)
             self.node.decision = dataclasses.replace(self.node.decision, version=since_version)
+        # Decide here, once per interval, on everything reported so far: deciding on every report
+        # batch published a version per worker flush, each on partly updated estimates.
+        decision = self.node.decide(first_step)
+        if decision is not None:
+            self.decisions.append(decision)
+            log.info("%s", decision)
         newest = self.node.decision if self.node.decision.version > since_version else None
         plans: tuple[SamplePlan, ...] = ()
         if self.sample_priorities is not None:

@@ -19,7 +19,7 @@ def test_reports_produce_a_newer_decision_and_bundles_carry_it_once():
     assert s.bundle(0, 0, 5, (50, 50)).decision is None  # nothing newer than v0
     s.report(_reports(0, [300.0, 100.0]))
     b = s.bundle(0, 5, 5, (50, 50))
-    assert b.decision.version == 1 and b.decision.batch_sizes == (75, 25) and b.decision.effective_step == 1
+    assert b.decision.version == 1 and b.decision.batch_sizes == (75, 25) and b.decision.effective_step == 5
     assert s.bundle(1, 10, 5, (75, 25)).decision is None
     assert s.stats()["rate_source"] == "measured" and s.reports_received == 2
 
