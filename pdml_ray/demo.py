@@ -35,13 +35,13 @@ def _watch(name: str, namespace: str, label: str, total_steps: int, stop: thread
         if handle is None:
             continue
         try:
-            stats, telemetry = ray.get([handle.stats.remote(), handle.telemetry.remote()], timeout=5)
+            stats = ray.get(handle.stats.remote(), timeout=5)  # small: not the whole telemetry log
         except Exception:  # noqa: BLE001 - progress display must never break the run
             continue
-        if not len(telemetry["step"]):
+        if stats["last_step"] < 0:
             print(f"  [{label}] {time.monotonic() - t0:5.0f}s  starting the Ray Train workers ...", flush=True)
             continue
-        steps = int(telemetry["step"].max()) + 1
+        steps = stats["last_step"] + 1
         print(f"  [{label}] {time.monotonic() - t0:5.0f}s  step {steps:>4}/{total_steps}  "
               f"batch sizes {stats['batch_sizes']}  decision v{stats['version']}", flush=True)
 

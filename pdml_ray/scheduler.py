@@ -45,6 +45,7 @@ class Scheduler:
         self.sample_priorities = None  # SamplePrioritizer, created by set_dataset_size when enabled
         self.num_samples: int | None = None
         self.reports_received = 0
+        self.last_step = -1  # newest step any accepted report came from
         self.ingest_s = 0.0  # time spent inside report() (seconds): the scheduler's own cost
         self._log: deque[tuple] = deque(maxlen=max_log_rows)
         self.measurements: dict[str, float] = {}  # named one-off measurements from workers (e.g. comm_s)
@@ -90,6 +91,7 @@ class Scheduler:
                 losses.append(r.sample_losses)
         if self.sample_priorities is not None and indices:
             self.sample_priorities.update(np.concatenate(indices), np.concatenate(losses), last_step)
+        self.last_step = max(self.last_step, last_step)
         self.ingest_s += time.perf_counter() - t0
 
     # -- outputs -----------------------------------------------------------------------------------
@@ -130,7 +132,7 @@ class Scheduler:
         out = {"version": self.node.decision.version, "batch_sizes": list(self.node.decision.batch_sizes),
                "grad_weights": list(self.node.decision.grad_weights), "shares": list(self.node.decision.shares),
                "rates": rates.tolist(), "rate_source": source, "accelerator_types": list(self.node.accelerator_types),
-               "reports_received": self.reports_received, "reports_rejected": len(self.node.rejected),
+               "reports_received": self.reports_received, "last_step": self.last_step, "reports_rejected": len(self.node.rejected),
                "ingest_s": self.ingest_s, "measurements": dict(self.measurements)}
         if self.sample_priorities is not None:
             out["sample_priority"] = self.sample_priorities.stats()

@@ -44,14 +44,28 @@ class SchedulerClient:
     def available(self) -> bool:
         return self._handle is not None or self._lookup()
 
-    def register(self, worker_id: int, accelerator_type: str, timeout_s: float = 60.0) -> None:
-        """Start-up only (blocking): tell the scheduler this worker's accelerator type."""
-        if self.available:
-            ray.get(self._handle.register.remote(worker_id, accelerator_type), timeout=timeout_s)
+    def _send(self, method: str, *args):
+        """Fire-and-forget call: its ObjectRef, or None while the scheduler is unavailable."""
+        if not self.available:
+            return None
+        try:
+            return getattr(self._handle, method).remote(*args)
+        except RayError:
+            self._handle = None
+            return None
 
-    def set_dataset_size(self, num_samples: int, timeout_s: float = 60.0) -> None:
-        if self.available:
-            ray.get(self._handle.set_dataset_size.remote(num_samples), timeout=timeout_s)
+    def _startup_call(self, method: str, *args, timeout_s: float = 60.0) -> None:
+        """Start-up only (blocking); without a scheduler it is skipped and training keeps uniform shares."""
+        ref = self._send(method, *args)
+        if ref is not None:
+            ray.get(ref, timeout=timeout_s)
+
+    def register(self, worker_id: int, accelerator_type: str) -> None:
+        """Tell the scheduler this worker's accelerator type (start-up, blocking)."""
+        self._startup_call("register", worker_id, accelerator_type)
+
+    def set_dataset_size(self, num_samples: int) -> None:
+        self._startup_call("set_dataset_size", num_samples)
 
     def call(self, method: str, *args, timeout_s: float = 120.0):
         """A blocking call, for checkpoints and start-up only (never inside a training step)."""
@@ -61,26 +75,16 @@ class SchedulerClient:
 
     def report(self, reports: list[WorkerReport]) -> None:
         """Fire-and-forget; a dead scheduler loses these reports, never the training step."""
-        if reports and self.available:
-            try:
-                self._handle.report.remote(reports)
-            except RayError:
-                self._handle = None
+        if reports:
+            self._send("report", reports)
 
     def record_measurement(self, name: str, value: float) -> None:
-        if self.available:
-            try:
-                self._handle.record_measurement.remote(name, value)
-            except RayError:
-                self._handle = None
+        self._send("record_measurement", name, value)
 
     def request(self, since_version: int, first_step: int, num_steps: int, batch_sizes: tuple[int, ...]) -> None:
-        """Put one bundle request in flight (replacing none: at most one is pending)."""
-        if self._pending is None and self.available:
-            try:
-                self._pending = self._handle.bundle.remote(since_version, first_step, num_steps, batch_sizes)
-            except RayError:
-                self._handle = None
+        """Put one bundle request in flight (at most one is pending)."""
+        if self._pending is None:
+            self._pending = self._send("bundle", since_version, first_step, num_steps, batch_sizes)
 
     def poll(self, block_s: float = 0.0) -> StepBundle | None:
         """The pending bundle if it is ready within ``block_s`` seconds, else None (keep going)."""
