@@ -18,8 +18,8 @@ import numpy as np
 
 FANOUT = 16
 _SHIFT = 4  # log2(FANOUT): parent = child >> _SHIFT
-_UPPER = np.triu(np.ones((FANOUT, FANOUT)))  # x @ _UPPER = running sums of the rows of x
-_ONES = np.ones(FANOUT, dtype=np.float32)
+_EXCLUSIVE = np.triu(np.ones((FANOUT, FANOUT)), 1)  # x @ _EXCLUSIVE = exclusive running sums of x's rows
+_ONES = np.ones(FANOUT)  # x @ _ONES = row sums (a tiny matmul beats .sum(axis=1) and .cumsum(axis=1))
 
 
 class SumTree:
@@ -95,7 +95,7 @@ class SumTree:
             # Siblings share a parent, so ``nodes`` repeats entries; every copy writes the same sum,
             # so the repeats are harmless and cheaper than de-duplicating each level.
             nodes >>= _SHIFT
-            self.levels[d][nodes] = self._children[d][nodes].sum(axis=1)
+            self.levels[d][nodes] = np.take(self._children[d], nodes, axis=0) @ _ONES
 
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """``count`` i.i.d. indices (int64, shape (count,)) with P(i) = s_i / sum(s), i.e. with replacement.
@@ -121,13 +121,13 @@ class SumTree:
         rows = np.arange(u.size)
         node = np.zeros(u.size, dtype=np.int64)
         for d in range(self.depth):
-            children = self._children[d][node]  # (B, K)
-            cums = children @ _UPPER  # (B, K) running sums; a tiny matmul beats cumsum along rows
-            # Child j is chosen when cums[j-1] <= u < cums[j]: count the running sums <= u. An empty
-            # child repeats its left neighbour's running sum, so it is skipped.
-            choice = ((cums <= u[:, None]) @ _ONES).astype(np.int64)
-            np.minimum(choice, FANOUT - 1, out=choice)  # u == total after rounding
-            u -= cums[rows, choice] - children[rows, choice]
+            before = np.take(self._children[d], node, axis=0) @ _EXCLUSIVE  # (B, K): mass left of each child
+            # Child j is chosen when before[j] <= u < before[j + 1], i.e. it is the last child whose
+            # ``before`` is <= u (before[0] = 0 always is). An empty child has the same ``before`` as
+            # its right neighbour, so it is never the last one, except at the end of a node, which
+            # only rounding reaches (u == the node's total): ``draw`` redraws those.
+            choice = ((before <= u[:, None]) @ _ONES).astype(np.int64) - 1
+            u -= before[rows, choice]
             node = (node << _SHIFT) + choice
         return node
 
