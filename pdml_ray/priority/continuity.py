@@ -5,7 +5,8 @@ O(N) measures, each in [0, 1]:
 
 - ``normalized_ess = (sum p)^2 / (N sum p^2)``: 1 when all priorities are equal, 1/N when one item
   holds everything. N * normalized_ess is the number of items the distribution effectively covers.
-- ``normalized_entropy = H(p / sum p) / log N``: the same story on a log scale (reported, not gated).
+- ``normalized_entropy = H(p / sum p) / log N``: the same story on a log scale (reported, not gated;
+  nan where the check runs from running sums, see below).
 - ``tie_fraction``: share of priorities within relative ``tie_tolerance`` of the median. Whenever
   one tie group holds more than half of the items, the median lies in it, so this is that group's
   share; that is the only regime the check acts on (``max_tie_fraction > 0.5``). Above 2,048 items
@@ -22,11 +23,16 @@ small ESS, so it reads as peaked, not flat.
 Why not the percentile test of the source article (share below the 20th percentile >= 0.2): for
 continuous data it holds by construction and it can only fail on ties, so it never sees a peak.
 
+Two ways in. ``ContinuityMonitor.check(vector)`` measures a whole vector. For long vectors (>
+``max_check_items``) the measures come from a random subsample of that many items: ESS and ties are
+means over items and the subsample estimates them without bias in the numerator and denominator (a
+ratio estimate), but a peak of a few items is likely missed. ``ContinuityMonitor.check_sums`` judges
+from ``sum p`` and ``sum p^2`` that the owner keeps up to date as it changes priorities (O(B) per
+update of B items): O(1) per check and exact at any N, peaks included; ties are then counted only
+when the ESS reads flat, and entropy is not reported (nan). SamplePrioritizer uses the second.
+
 Recalibration is data (``Recalibration``); the owner of the priorities carries it out, e.g. with
-``recalibrate_priorities``. For long vectors (> ``max_check_items``) the measures come from a random
-subsample of that many items: ESS and ties are means over items and the subsample estimates them
-without bias in the numerator and denominator (a ratio estimate); entropy is normalised by
-log(subsample size).
+``recalibrate_priorities``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -51,7 +57,9 @@ class ContinuityMeasures:
     """Items measured (the subsample size for long vectors)."""
     normalized_ess: float
     normalized_entropy: float
+    """nan when judged from running sums (``check_sums``)."""
     tie_fraction: float
+    """nan when judged from running sums and the ESS is not near 1 (ties cannot make it flat then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +87,32 @@ class ContinuityVerdict:
     recalibration: Recalibration | None = None
 
 
+def normalized_ess(num_items: int, total: float, square: float) -> float:
+    """``(sum p)^2 / (N sum p^2)`` from the two sums; 1.0 (uniform) for one item or an all-zero vector."""
+    if num_items <= 1 or not total > 0.0 or not square > 0.0:
+        return 1.0
+    return min(total / num_items * (total / square), 1.0)  # in this order: no overflow of total^2
+
+
+def tie_fraction(priorities: np.ndarray, tie_tolerance: float, rng: np.random.Generator) -> float:
+    """Share of ``priorities`` within relative ``tie_tolerance`` of their median, counted on <= 2048
+    random items (binomial error < 0.7% at the 90% threshold). It only has to resolve a tie group
+    holding > 1/2 of the items, and sorting all N would dominate the cost of a check.
+    (np.sort, not np.partition: introselect slows down ~10x on the many equal values of a collapse.)"""
+    p = np.asarray(priorities, dtype=np.float64).ravel()
+    sub = np.sort(p if p.size <= 2048 else p[rng.integers(0, p.size, size=2048)])
+    ref = float(sub[sub.size // 2])
+    lo = np.searchsorted(sub, ref * (1.0 - tie_tolerance), side="left")
+    hi = np.searchsorted(sub, ref * (1.0 + tie_tolerance), side="right")
+    return float((hi - lo) / sub.size)
+
+
 def measure(priorities: np.ndarray, *, tie_tolerance: float = 1e-3, max_items: int | None = None,
             rng: np.random.Generator | None = None, validate: bool = True) -> ContinuityMeasures:
     """The three measures of a priority vector (shape (N,), finite, >= 0). O(N), or O(max_items).
 
     ``validate=False`` skips the finiteness check for callers whose priorities are valid by
-    construction (SamplePrioritizer's sum-tree leaves); it saves two of the ~7 passes over N.
+    construction; it saves two of the ~7 passes over N.
     """
     p = np.asarray(priorities, dtype=np.float64).ravel()
     if p.size == 0:
@@ -103,21 +131,12 @@ def measure(priorities: np.ndarray, *, tie_tolerance: float = 1e-3, max_items: i
     if not math.isfinite(square) or not math.isfinite(total):  # huge priorities: rescale (rare extra pass)
         p = p / p.max()
         total, square = float(p.sum()), float(p @ p)
-    ess = total * total / (n * square)
     # H(p / S) = log S - sum(p log p) / S, with 0 log 0 = 0: zeros meet a finite log and vanish
     # (cheaper than compressing out the zeros or a masked log).
     plogp = float(p @ np.log(np.maximum(p, 1e-300)))
     entropy = (math.log(total) - plogp / total) / math.log(n)
-    # Ties are counted on <= 2048 random items around their median (binomial error < 0.7% at the
-    # 90% threshold): this only has to resolve a tie group holding > 1/2 of the items, and sorting
-    # all N would dominate the cost of a check.
-    # (np.sort, not np.partition: introselect slows down ~10x on the many equal values of a collapse.)
-    sub = np.sort(p if n <= 2048 else p[rng.integers(0, n, size=2048)])
-    ref = float(sub[sub.size // 2])
-    lo = np.searchsorted(sub, ref * (1.0 - tie_tolerance), side="left")
-    hi = np.searchsorted(sub, ref * (1.0 + tie_tolerance), side="right")
-    ties = float((hi - lo) / sub.size)
-    return ContinuityMeasures(n, min(ess, 1.0), min(max(entropy, 0.0), 1.0), ties)
+    return ContinuityMeasures(n, normalized_ess(n, total, square), min(max(entropy, 0.0), 1.0),
+                              tie_fraction(p, tie_tolerance, rng))
 
 
 class ContinuityMonitor:
@@ -138,9 +157,30 @@ class ContinuityMonitor:
         return last_checked is None or step - last_checked >= self.config.check_interval
 
     def check(self, priorities: np.ndarray, step: int, *, validate: bool = True) -> ContinuityVerdict:
+        """Judge a whole priority vector: O(N), or O(max_check_items) for a longer one."""
         cfg = self.config
-        m = measure(priorities, tie_tolerance=cfg.tie_tolerance, max_items=cfg.max_check_items, rng=self.rng,
-                    validate=validate)
+        return self._judge(measure(priorities, tie_tolerance=cfg.tie_tolerance, max_items=cfg.max_check_items,
+                                   rng=self.rng, validate=validate), step)
+
+    def check_sums(self, num_items: int, total: float, square: float, step: int,
+                   tie_items: Callable[[], np.ndarray]) -> ContinuityVerdict:
+        """Judge from running sums (``sum p``, ``sum p^2`` over ``num_items`` items) in O(1), for owners
+        that keep those sums up to date as they change priorities (SamplePrioritizer).
+
+        Exact for any N, peaks included (a random subsample would miss a peak of a few items). The tie
+        fraction only decides between healthy and flat when the ESS already reads flat, so only then is
+        ``tie_items()`` called, for a uniform subsample of the items (valid there: a nearly uniform
+        vector has no peak to miss); otherwise it is reported as nan, and so is the entropy, which
+        needs a pass over all items.
+        """
+        ess = normalized_ess(num_items, total, square)
+        ties = math.nan
+        if ess > self.config.max_normalized_ess:
+            ties = tie_fraction(tie_items(), self.config.tie_tolerance, self.rng)
+        return self._judge(ContinuityMeasures(num_items, ess, math.nan, ties), step)
+
+    def _judge(self, m: ContinuityMeasures, step: int) -> ContinuityVerdict:
+        cfg = self.config
         self.checks += 1
         collapse: CollapseKind | None = None
         if m.normalized_ess < cfg.min_normalized_ess:

@@ -159,3 +159,32 @@ def test_config_messages_say_how_to_fix():
         ContinuityConfig(min_normalized_ess=0.5, max_normalized_ess=0.4)
     with pytest.raises(ValueError, match="reset_fraction must be in \\[0, 1\\]"):
         ContinuityConfig(reset_fraction=1.5)
+
+
+def _sums_check(mon: ContinuityMonitor, p: np.ndarray, step: int):
+    return mon.check_sums(p.size, float(p.sum()), float(p @ p), step, lambda: p)
+
+
+@pytest.mark.parametrize("kind", ["healthy", "flat", "peaked"])
+def test_check_from_running_sums_agrees_with_the_full_check(kind):
+    rng = np.random.default_rng(6)
+    p = {"healthy": rng.exponential(size=20_000),
+         "flat": np.full(20_000, 0.7) * (1 + 1e-6 * rng.standard_normal(20_000)),
+         "peaked": np.concatenate([np.full(3, 1e6), rng.uniform(1, 2, size=19_997)])}[kind]
+    full = ContinuityMonitor(ContinuityConfig()).check(p, 0)
+    sums = _sums_check(ContinuityMonitor(ContinuityConfig()), p, 0)
+    assert sums.collapse == full.collapse == (None if kind == "healthy" else kind)
+    assert sums.measures.normalized_ess == pytest.approx(full.measures.normalized_ess, rel=1e-9)
+    assert math.isnan(sums.measures.normalized_entropy)
+    # Ties are only counted when the ESS reads flat: they cannot make the verdict otherwise.
+    assert math.isnan(sums.measures.tie_fraction) == (kind != "flat")
+
+
+def test_running_sums_catch_a_peak_that_a_subsample_misses():
+    # 5 of a million items hold ~98% of the mass: a 4,096-item subsample almost surely misses all 5.
+    p = np.random.default_rng(7).uniform(1.0, 2.0, size=1_000_000)
+    p[:5] = 1e7
+    cfg = ContinuityConfig(max_check_items=4096)
+    assert ContinuityMonitor(cfg, seed=0).check(p, 0).healthy
+    verdict = _sums_check(ContinuityMonitor(cfg), p, 0)
+    assert verdict.collapse == "peaked" and verdict.measures.normalized_ess < 1e-5

@@ -180,6 +180,32 @@ def test_peaked_collapse_is_caught_and_recalibrated_through_updates():
     assert sp.check(detected + 1).healthy  # the recalibrated table is a healthy distribution again
 
 
+def test_flat_collapse_is_caught_through_updates_and_the_running_sum_stays_exact():
+    n = 5000
+    cont = ContinuityConfig(check_interval=10, recalibration_steps=30)
+    sp = SamplePrioritizer(n, SamplePriorityConfig(staleness_decay=0.05, stale_after=5), cont, seed=0)
+    rng = np.random.default_rng(8)
+    sp.update(np.arange(n), rng.exponential(size=n), step=0)
+    detected = None
+    for step in range(1, 80):
+        idx = np.concatenate(sp.plan(step, [64]).indices)
+        if step < 20:  # a healthy table: fresh, varied losses (and stale ones decaying towards the mean)
+            sp.update(idx, rng.exponential(size=idx.size), step)
+        else:  # the deriver stops discriminating: every sample scores the same
+            sp.update(np.arange(n), np.full(n, 0.7), step)
+        leaves = sp.tree.values()
+        assert sp.square == pytest.approx(float(leaves @ leaves), rel=1e-9)
+        if detected is None and sp.stats()["collapsed_flat"] >= 1:
+            detected = step
+            break
+        assert sp.stats()["recalibrations"] == 0.0, sp.monitor.last.reason
+    assert detected is not None and 20 <= detected < 30
+    assert sp.stats()["recalibrations"] == 1.0 and sp.mix(detected) == cont.recalibration_mix
+    leaves = sp.tree.values()
+    assert sp.square == pytest.approx(float(leaves @ leaves), rel=1e-12)  # recomputed by the recalibration
+    assert sp.check(detected + 1).healthy  # noise broke the ties
+
+
 def test_state_dict_round_trip():
     n = 500
     cfg = SamplePriorityConfig(staleness_decay=0.1, stale_after=5)
