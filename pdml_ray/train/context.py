@@ -68,9 +68,10 @@ class StepScope:
         """Weighted mean of per-sample losses (shape (b_i,)); a zero-size batch gives a zero loss."""
         self._per_sample = per_sample_loss.detach()
         w = self.batch.sample_weights
-        if w is not None:
-            per_sample_loss = per_sample_loss * torch.as_tensor(w, device=per_sample_loss.device)
-        return per_sample_loss.sum() / max(len(self.batch.indices), 1)
+        # float(): half-precision losses meet float32 weights as the product used to promote them
+        total = (per_sample_loss.sum() if w is None
+                 else per_sample_loss.float() @ torch.as_tensor(w, device=per_sample_loss.device))
+        return total / max(len(self.batch.indices), 1)
 
     def __enter__(self) -> "StepScope":
         if self.ctx._sync is None:
