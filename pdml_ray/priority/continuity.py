@@ -27,9 +27,9 @@ Two ways in. ``ContinuityMonitor.check(vector)`` measures a whole vector. For lo
 ``max_check_items``) the measures come from a random subsample of that many items: ESS and ties are
 means over items and the subsample estimates them without bias in the numerator and denominator (a
 ratio estimate), but a peak of a few items is likely missed. ``ContinuityMonitor.check_sums`` judges
-from ``sum p`` and ``sum p^2`` that the owner keeps up to date as it changes priorities (O(B) per
-update of B items): O(1) per check and exact at any N, peaks included; ties are then counted only
-when the ESS reads flat, and entropy is not reported (nan). SamplePrioritizer uses the second.
+from ``sum p`` and ``sum p^2`` that the owner has at hand (SamplePrioritizer: its sum-tree's total and
+one dot product of the leaves): exact at any N, peaks included; ties are then counted only when the
+ESS reads flat, and entropy, which needs a log of every item, is not reported (nan).
 
 Recalibration is data (``Recalibration``); the owner of the priorities carries it out, e.g. with
 ``recalibrate_priorities``.
@@ -57,9 +57,9 @@ class ContinuityMeasures:
     """Items measured (the subsample size for long vectors)."""
     normalized_ess: float
     normalized_entropy: float
-    """nan when judged from running sums (``check_sums``)."""
+    """nan when judged from sums (``check_sums``)."""
     tie_fraction: float
-    """nan when judged from running sums and the ESS is not near 1 (ties cannot make it flat then)."""
+    """nan when judged from sums and the ESS is not near 1 (ties cannot make it flat then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +164,8 @@ class ContinuityMonitor:
 
     def check_sums(self, num_items: int, total: float, square: float, step: int,
                    tie_items: Callable[[], np.ndarray]) -> ContinuityVerdict:
-        """Judge from running sums (``sum p``, ``sum p^2`` over ``num_items`` items) in O(1), for owners
-        that keep those sums up to date as they change priorities (SamplePrioritizer).
+        """Judge from ``sum p`` and ``sum p^2`` over ``num_items`` items, for owners that have those sums
+        cheaply (SamplePrioritizer: the sum-tree's root and one dot product of its leaves).
 
         Exact for any N, peaks included (a random subsample would miss a peak of a few items). The tie
         fraction only decides between healthy and flat when the ESS already reads flat, so only then is
@@ -194,8 +194,8 @@ class ContinuityMonitor:
             reason = (f"normalized ESS {m.normalized_ess:.6f} > {cfg.max_normalized_ess} and "
                       f"{m.tie_fraction:.1%} of priorities tied (> {cfg.max_tie_fraction:.0%})")
         else:
-            reason = (f"healthy: normalized ESS {m.normalized_ess:.3g}, entropy {m.normalized_entropy:.3g}, "
-                      f"ties {m.tie_fraction:.1%}")
+            reason = "healthy"  # the measures are in the verdict; formatting them each time cost more than the check
+
         recal = None
         if collapse is not None:
             recal = Recalibration(kind=collapse, noise=cfg.noise, reset_fraction=cfg.reset_fraction,
