@@ -6,7 +6,7 @@ O(N) measures, each in [0, 1]:
 - ``normalized_ess = (sum p)^2 / (N sum p^2)``: 1 when all priorities are equal, 1/N when one item
   holds everything. N * normalized_ess is the number of items the distribution effectively covers.
 - ``normalized_entropy = H(p / sum p) / log N``: the same story on a log scale (reported, not gated;
-  nan where the check runs from running sums, see below).
+  nan where the check judges from sums, see below).
 - ``tie_fraction``: share of priorities within relative ``tie_tolerance`` of the median. Whenever
   one tie group holds more than half of the items, the median lies in it, so this is that group's
   share; that is the only regime the check acts on (``max_tie_fraction > 0.5``). Above 2,048 items
