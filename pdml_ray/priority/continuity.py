@@ -87,6 +87,13 @@ class ContinuityVerdict:
     recalibration: Recalibration | None = None
 
 
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """sum(a * b) of two 1-D float arrays in numpy's own loop. BLAS's dot wakes its thread pool for
+    long vectors: between training steps on 2 cores that wake-up measured ~60 us at N = 20,000, six
+    times the arithmetic itself."""
+    return float(np.einsum("i,i->", a, b))
+
+
 def normalized_ess(num_items: int, total: float, square: float) -> float:
     """``(sum p)^2 / (N sum p^2)`` from the two sums; 1.0 (uniform) for one item or an all-zero vector."""
     if num_items <= 1 or not total > 0.0 or not square > 0.0:
@@ -127,13 +134,13 @@ def measure(priorities: np.ndarray, *, tie_tolerance: float = 1e-3, max_items: i
     if n == 1 or total <= 0.0:  # one item, or all zero: nothing to prefer, i.e. uniform
         return ContinuityMeasures(n, 1.0, 1.0, 1.0)
     with np.errstate(over="ignore"):
-        square = float(p @ p)
+        square = dot(p, p)
     if not math.isfinite(square) or not math.isfinite(total):  # huge priorities: rescale (rare extra pass)
         p = p / p.max()
-        total, square = float(p.sum()), float(p @ p)
+        total, square = float(p.sum()), dot(p, p)
     # H(p / S) = log S - sum(p log p) / S, with 0 log 0 = 0: zeros meet a finite log and vanish
     # (cheaper than compressing out the zeros or a masked log).
-    plogp = float(p @ np.log(np.maximum(p, 1e-300)))
+    plogp = dot(p, np.log(np.maximum(p, 1e-300)))
     entropy = (math.log(total) - plogp / total) / math.log(n)
     return ContinuityMeasures(n, normalized_ess(n, total, square), min(max(entropy, 0.0), 1.0),
                               tie_fraction(p, tie_tolerance, rng))
