@@ -206,6 +206,15 @@ def test_flat_collapse_is_caught_through_updates_and_the_table_recovers():
     assert sp.check(detected + 1).healthy  # noise broke the ties
 
 
+def test_flat_collapse_is_caught_with_few_samples_seen():
+    # 20 of 1,000,000 samples seen, all with the same loss: ties are counted on all the seen ones
+    # (a uniform subsample of the table would most likely hold none of them).
+    sp = SamplePrioritizer(1_000_000, SamplePriorityConfig(), ContinuityConfig(), seed=0)
+    verdict = sp.update(np.arange(0, 1_000_000, 50_000), np.full(20, 0.3), step=0)  # the first check is due
+    assert verdict.collapse == "flat" and verdict.measures.num_items == 20
+    assert verdict.measures.tie_fraction == 1.0 and sp.recalibrations == 1
+
+
 def test_check_survives_huge_scores():
     sp = SamplePrioritizer(100, SamplePriorityConfig(), ContinuityConfig(), seed=0)
     sp.update(np.arange(100), np.full(100, 1e200) * np.linspace(1.0, 2.0, 100), step=0)
