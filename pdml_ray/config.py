@@ -168,9 +168,14 @@ class ContinuityConfig:
     """Steps between checks."""
     min_normalized_ess: float = 1e-3
     """Below this normalised effective sample size ((sum p)^2 / (N sum p^2)) the distribution is too
-    peaked: it effectively covers fewer than this fraction of the items. A healthy loss table on
-    imbalanced data (1 positive in 200 carrying most of the loss) sits near 5e-3, so keep this below
-    the rarest class share you want to focus on. For few items (nodes) raise it: 1/N is the minimum."""
+    peaked: it effectively covers fewer than this fraction of the items (and fewer than
+    ``min_effective_items``). A healthy loss table on imbalanced data (1 positive in 200 carrying most
+    of the loss) sits near 5e-3. For few items (nodes) raise it: 1/N is the minimum."""
+    min_effective_items: float = 16.0
+    """Too peaked also needs the distribution to cover fewer than this many items (normalised ESS x
+    N), i.e. a handful. A rare class may rightly hold most of a large table's mass: 1 positive in
+    1,000 among 100,000 samples covers ~100 items, a normalised ESS of 1e-3. ``math.inf`` judges by
+    the fraction alone. Long vectors checked on a subsample count items of the subsample."""
     max_normalized_ess: float = 0.999
     """Too flat needs both: normalised ESS above this AND tie_fraction above max_tie_fraction."""
     max_tie_fraction: float = 0.9
@@ -196,6 +201,8 @@ class ContinuityConfig:
         _require(_finite(self.min_normalized_ess) and 0.0 <= self.min_normalized_ess < self.max_normalized_ess <= 1.0,
                  "continuity.min_normalized_ess must be >= 0 and below max_normalized_ess <= 1, got "
                  f"{self.min_normalized_ess!r} and {self.max_normalized_ess!r}")
+        _require(isinstance(self.min_effective_items, (int, float)) and self.min_effective_items >= 0.0,
+                 f"continuity.min_effective_items must be >= 0 (a number of items), got {self.min_effective_items!r}")
         _require(_finite(self.max_tie_fraction) and 0.5 < self.max_tie_fraction <= 1.0,
                  f"continuity.max_tie_fraction must be in (0.5, 1] (ties are counted around the median), "
                  f"got {self.max_tie_fraction!r}")

@@ -12,8 +12,9 @@ O(N) measures, each in [0, 1]:
   share; that is the only regime the check acts on (``max_tie_fraction > 0.5``). Above 2,048 items
   it is counted on 2,048 random items (binomial error under 0.7% near the 90% threshold).
 
-Verdicts. Too **peaked**: ``normalized_ess < min_normalized_ess`` (the sampler keeps drawing the same
-few items; importance weights of the rest explode). Too **flat**: ``normalized_ess >
+Verdicts. Too **peaked**: ``normalized_ess < min_normalized_ess`` AND ``normalized_ess * N <
+min_effective_items`` (the sampler keeps drawing the same handful of items; importance weights of the
+rest explode; a rare class of a hundred samples holding most of a large table is not that). Too **flat**: ``normalized_ess >
 max_normalized_ess`` AND ``tie_fraction > max_tie_fraction``: the deriver emits the same value for
 (almost) everything. A healthy loss distribution is never flagged flat: losses of a model that still
 learns differ from sample to sample (ties stay far below 90%), and a narrow but continuous spread,
@@ -190,11 +191,12 @@ class ContinuityMonitor:
         cfg = self.config
         self.checks += 1
         collapse: CollapseKind | None = None
-        if m.normalized_ess < cfg.min_normalized_ess:
+        if m.normalized_ess < cfg.min_normalized_ess and m.normalized_ess * m.num_items < cfg.min_effective_items:
             collapse = "peaked"
             self.collapsed_peaked += 1
             reason = (f"normalized ESS {m.normalized_ess:.3g} < min_normalized_ess {cfg.min_normalized_ess:.3g}: "
-                      f"the distribution covers about {m.normalized_ess * m.num_items:.3g} of {m.num_items} items")
+                      f"the distribution covers about {m.normalized_ess * m.num_items:.3g} of {m.num_items} items "
+                      f"(< min_effective_items {cfg.min_effective_items:g})")
         elif m.normalized_ess > cfg.max_normalized_ess and m.tie_fraction > cfg.max_tie_fraction:
             collapse = "flat"
             self.collapsed_flat += 1

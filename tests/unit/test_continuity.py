@@ -188,3 +188,21 @@ def test_running_sums_catch_a_peak_that_a_subsample_misses():
     assert ContinuityMonitor(cfg, seed=0).check(p, 0).healthy
     verdict = _sums_check(ContinuityMonitor(cfg), p, 0)
     assert verdict.collapse == "peaked" and verdict.measures.normalized_ess < 1e-5
+
+
+def test_a_rare_class_holding_a_large_tables_mass_is_not_a_collapse():
+    # 1 positive in 2,000 among 100,000 samples, the positives carrying most of the loss: the
+    # distribution covers ~45 items (normalised ESS ~5e-4). Three items holding it all is a collapse.
+    rng = np.random.default_rng(9)
+    losses = rng.exponential(1e-4, size=100_000)
+    losses[:50] = rng.uniform(2.0, 5.0, size=50)
+    mon = ContinuityMonitor(ContinuityConfig())
+    verdict = _sums_check(mon, losses, 0)
+    assert verdict.measures.normalized_ess < ContinuityConfig().min_normalized_ess  # the fraction alone would flag it
+    assert verdict.healthy
+    losses[:3] = 1e4
+    assert _sums_check(mon, losses, 1).collapse == "peaked"
+    losses[:3] = losses[3]  # the rare class again; judged by the fraction alone it reads peaked
+    assert _sums_check(ContinuityMonitor(ContinuityConfig(min_effective_items=math.inf)), losses, 2).collapse == "peaked"
+    with pytest.raises(ValueError, match="min_effective_items must be >= 0"):
+        ContinuityConfig(min_effective_items=-1)
