@@ -36,8 +36,9 @@ permutation path is used instead.
 Continuity. Every ``continuity.check_interval`` steps the priority part of the distribution
 (s^alpha over the seen samples; the uniform floor is ours and would mask a collapse of the scores)
 goes through ``ContinuityMonitor.check_sums``: the tree's total and one dot product of its leaves
-give the exact normalised ESS (peaks included, at any N). On a collapse the scores are perturbed and pulled towards their
-median (O(N), only on a collapse), and the uniform mix is raised for ``recalibration_steps`` steps.
+give the exact normalised ESS (peaks included, at any N). On a collapse the scores are perturbed and
+pulled towards their median (O(N), only on a collapse), and the uniform mix is raised for
+``recalibration_steps`` steps.
 A collapse seen again while that raised mix holds is counted but not acted on twice.
 
 Wiring (the scheduler owns one instance): each step ``plan(step, decision.batch_sizes)`` gives
