@@ -22,7 +22,8 @@ def checking_loop(config):
     model = ctx.prepare_model(make_mlp(64, 2048, 4, depth=2, seed=1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     reference = make_mlp(64, 2048, 4, depth=2, seed=1)
-    grad_checks, sizes_seen, steps_done = [], [], 0
+    grad_checks, sizes_seen, steps_done, window_rates = [], [], 0, []
+    kill_at = config.get("kill_at", KILL_AT)
     for batch in ctx.epoch(0, len(x)):
         with ctx.step(batch) as step:
             step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
@@ -41,14 +42,14 @@ def checking_loop(config):
         optimizer.step()
         optimizer.zero_grad()
         steps_done += 1
-        if batch.step == config.get("kill_at", KILL_AT) and ctx.rank == 0:
-            ctx.flush()
-            last_rates = ctx.client.call("stats")["rates"]  # the scheduler's view just before it dies
+        if ctx.rank == 0 and kill_at - 14 <= batch.step <= kill_at:
+            window_rates.append(ctx.client.call("stats")["rates"])  # the scheduler's view, step by step
+        if batch.step == kill_at and ctx.rank == 0:
             ray.kill(ray.get_actor(ctx.config.scheduler_name, namespace=ctx.config.namespace), no_restart=True)
     if ctx.rank == 0:
-        rates = ctx.client.call("stats")["rates"] if config.get("kill_at", KILL_AT) < 0 else last_rates
         with open(config["out"], "w") as f:
-            json.dump({"grad_checks": grad_checks, "sizes": sizes_seen, "steps_done": steps_done, "rates": rates,
+            json.dump({"grad_checks": grad_checks, "sizes": sizes_seen, "steps_done": steps_done,
+                       "window_rates": window_rates,
                        "adopted": ctx.adopted, "client_failures": ctx.client.failures}, f)
 
 

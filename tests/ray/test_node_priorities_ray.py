@@ -41,13 +41,14 @@ def test_shares_settle_near_the_speed_ratio(run):
     # Mean shares over the steps before the kill (decisions come every 4 steps from step ~8).
     window = np.array(out["sizes"][KILL_AT - 10:KILL_AT + 1], dtype=float)
     shares = (window / window.sum(axis=1, keepdims=True)).mean(axis=0)
-    # They follow the measured speeds: the slow worker's measured rate over the fast one's, as the
-    # scheduler saw them just before the kill. Within 15%, not 10%: a smaller batch carries more of the
-    # per-step overhead, so the slow worker's samples/s drops as its share does, and the window's
-    # decisions (up to 12 steps old) chase rates still moving towards that fixed point (a clean-clone
-    # CI run measured 0.277 shares vs 0.248 rates, 11%). Uniform shares would be off by ~300%.
-    measured = out["rates"][1] / out["rates"][0]
-    assert abs(shares[1] / shares[0] / measured - 1.0) <= 0.15, (shares.tolist(), out["rates"])
+    # They follow the measured speeds to within 10%: the slow worker's measured rate over the fast
+    # one's, as the scheduler saw them one decision interval (4 steps) earlier, when it decided those
+    # shares (window_rates holds steps KILL_AT - 14 .. KILL_AT). Per-step rates jitter on 2 vCPUs (the
+    # ratio moved between 0.25 and 0.35 within one window), so both sides are means over the window;
+    # lagged so, they agreed within 3% in four runs, while the rates at the kill alone missed by 11-15%.
+    lagged = out["window_rates"][:11]
+    measured = np.mean([r[1] / r[0] for r in lagged])
+    assert abs(shares[1] / shares[0] / measured - 1.0) <= 0.10, (shares.tolist(), lagged)
     # And the measured speeds are those emulated (1 : 0.4) up to what the machine adds: on 2 vCPUs the
     # slow worker always computes beside the fast one, the fast one partly alone while the slow one
     # sleeps, so real compute makes the slow worker up to ~35% slower still. Shares within 10% of
