@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - runs the main job (a local Ray cluster, 4 workers with emulated speeds)
-#   make test   - runs the whole test suite
+#   make test   - type-checks (mypy) and runs the whole test suite
 # Both create (or reuse) the virtual environment in $(VENV).
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,6 +24,7 @@ demo: venv
 	$(VENV)/bin/pdml-ray demo
 
 test: venv
+	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 unit: venv

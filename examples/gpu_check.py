@@ -34,10 +34,11 @@ def main() -> int:
         pdml_config=PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=4096)),
     ).fit()
     stats = result.scheduler_stats
-    print("accelerators:", stats["accelerator_types"])
-    print("rates (samples/s):", [round(r) for r in stats["rates"]], "batch sizes:", stats["batch_sizes"])
-    print("all-reduce alone (s):", stats["measurements"].get("comm_s"))
-    ok = sum(stats["batch_sizes"]) == 4096 and stats["reports_received"] > 0
+    node = stats.derivers["node"]
+    print("accelerators:", list(node.accelerator_types))
+    print("rates (samples/s):", [round(r) for r in node.rates], "batch sizes:", list(node.batch_sizes))
+    print("all-reduce alone (s):", stats.measurements.get("comm_s"))
+    ok = sum(node.batch_sizes) == 4096 and stats.reports_received > 0
     print("GPU path OK" if ok else "GPU path FAILED")
     return 0 if ok else 1
 

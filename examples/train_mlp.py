@@ -37,8 +37,9 @@ def main() -> None:
         pdml_config=config,
     ).fit()
     stats = result.scheduler_stats
-    print(f"final batch sizes {stats['batch_sizes']} (decision v{stats['version']}, rates {stats['rate_source']}: "
-          f"{[round(r) for r in stats['rates']]} samples/s)")
+    node = stats.derivers["node"]
+    print(f"final batch sizes {list(node.batch_sizes)} (decision v{stats.versions['node']}, rates {node.rate_source}: "
+          f"{[round(r) for r in node.rates]} samples/s)")
 
 
 if __name__ == "__main__":

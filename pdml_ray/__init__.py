@@ -1,23 +1,36 @@
 """pdml-ray: priorities derived online from measurements, acted on by Ray-based training runtimes.
 
-The public API is what ``__all__`` lists; Ray-dependent pieces live in ``pdml_ray.train``
-(``PDMLTrainer``, ``get_context``) and ``pdml_ray.runtime.pipeline`` (``PipelineRuntime``,
-``compare_schedules``), imported from there so ``import pdml_ray`` stays free of Ray.
+The public API is what ``__all__`` lists; everything here is free of Ray. Ray-dependent pieces are
+imported from their own packages: ``pdml_ray.train`` (``PDMLTrainer``, ``get_context``) and
+``pdml_ray.runtime.pipeline`` (``PipelineRuntime``).
+
+Layers (imports only point down; ``tests/unit/test_layering.py`` enforces it):
+
+    pdml_ray/cli/, pdml_ray/bench/          entry points and benchmarks
+    pdml_ray/train/, pdml_ray/runtime/      Ray Train integration; Ray-actor runtime drivers
+    pdml_ray/actors/                        thin Ray actor shells around core classes
+    pdml_ray/metrics.py                     ray.util.metrics export of the stats records
+    ---- nothing below imports ray ----
+    pdml_ray/scheduler.py, client.py        the controller (a registry of derivers); its worker-side client
+    pdml_ray/priority/, pdml_ray/pipeline/  derivers and their estimators; pipeline plans and schedules
+    pdml_ray/config/, decisions.py, batching.py, emulation.py, errors.py
 """
 
 from pdml_ray.config import (DEFAULT_ACCELERATOR_PRIOR, ContinuityConfig, NodePriorityConfig, OspreyConfig,
                              PDMLConfig, PipelineConfig, SamplePriorityConfig)
-from pdml_ray.errors import ConfigError, PDMLError, PlanError
+from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
+from pdml_ray.errors import (ConfigError, PDMLError, PlanError, ReportError, SchedulerUnavailableError, StateError,
+                             UsageError)
 from pdml_ray.pipeline import Action, Plan, make_scheduler, validate
 from pdml_ray.pipeline.partition import split_sequential
-from pdml_ray.scheduler import Scheduler
-from pdml_ray.telemetry import NodeDecision, SamplePlan, WorkerReport
+from pdml_ray.scheduler import Scheduler, SchedulerStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_ACCELERATOR_PRIOR",
     "Action",
+    "Boundary",
     "ConfigError",
     "ContinuityConfig",
     "NodeDecision",
@@ -28,9 +41,16 @@ __all__ = [
     "PipelineConfig",
     "Plan",
     "PlanError",
+    "ReportError",
+    "SampleDecision",
     "SamplePlan",
     "SamplePriorityConfig",
     "Scheduler",
+    "SchedulerStats",
+    "SchedulerUnavailableError",
+    "StateError",
+    "StepBundle",
+    "UsageError",
     "WorkerReport",
     "make_scheduler",
     "split_sequential",

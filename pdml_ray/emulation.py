@@ -13,7 +13,10 @@ Everything that uses this must say so in its output: the speeds are emulated, th
 
 from __future__ import annotations
 
+import math
 import time
+
+from pdml_ray.errors import ConfigError
 
 EMULATION_NOTE = (
     "speeds are EMULATED: a worker with speed s sleeps (1/s - 1) x its measured compute time "
@@ -21,10 +24,16 @@ EMULATION_NOTE = (
 )
 
 
+def check_speed(speed: object, where: str = "emulated speed") -> float:
+    """The one check of a speed factor: a number in (0, 1], the fastest worker being 1.0."""
+    ok = isinstance(speed, (int, float)) and not isinstance(speed, bool) and math.isfinite(speed) and 0.0 < speed <= 1.0
+    if not ok:
+        raise ConfigError(f"{where} must be in (0, 1] (the fastest worker is 1.0, one at half its speed 0.5), got {speed!r}")
+    return float(speed)  # type: ignore[arg-type]
+
+
 def emulated_delay_s(compute_s: float, speed: float) -> float:
-    """Extra seconds a worker of relative ``speed`` spends on work that took ``compute_s``."""
-    if not speed > 0:
-        raise ValueError(f"emulated speed must be > 0, got {speed}")
+    """Extra seconds a worker of relative ``speed`` (in (0, 1]) spends on work that took ``compute_s``."""
     return max(0.0, compute_s) * (1.0 / speed - 1.0) if speed < 1.0 else 0.0
 
 

@@ -1,7 +1,8 @@
-"""Every error pdml-ray raises on purpose derives from PDMLError.
+"""Every error pdml-ray raises on purpose derives from ``PDMLError``; each message names the fix.
 
-Configuration mistakes raise ``ConfigError``, which is also a ``ValueError`` so that
-``except ValueError`` keeps working for callers that validate input generically.
+Subclasses say what went wrong. Those about bad values are also ``ValueError`` and those about a
+wrong order of calls also ``RuntimeError``, so generic ``except ValueError`` / ``except RuntimeError``
+handlers keep working.
 """
 
 
@@ -10,8 +11,24 @@ class PDMLError(Exception):
 
 
 class ConfigError(PDMLError, ValueError):
-    """A configuration value is invalid; the message names the field and how to fix it."""
+    """A configuration value or argument is invalid; the message names the field and how to fix it."""
 
 
 class PlanError(PDMLError, ValueError):
     """A plan or decision (batch sizes, sample plan, pipeline plan) failed validation."""
+
+
+class ReportError(PDMLError, ValueError):
+    """A worker report or per-sample feedback is malformed (unknown worker, index out of range)."""
+
+
+class StateError(PDMLError, ValueError):
+    """Saved state (a checkpoint, a replay log) does not fit the run it is loaded into."""
+
+
+class UsageError(PDMLError, RuntimeError):
+    """An API was called in the wrong place or order (outside a training loop, before prepare_model)."""
+
+
+class SchedulerUnavailableError(PDMLError, RuntimeError):
+    """The scheduler actor cannot be reached for a call that must reach it (checkpoints, start-up)."""

@@ -1,5 +1,10 @@
 """Priorities exported with ``ray.util.metrics``, so users watch them in the Ray dashboard/Prometheus.
 
+The gauges are whatever the scheduler's typed stats records say (``SchedulerStats.gauges()``, each
+deriver's stats record adding its own): a new priority axis brings its gauges with its stats record
+and nothing here changes. Every series is tagged with the run (the scheduler's name); per-worker
+ones also with ``worker`` and ``accelerator_type``.
+
 Ray prefixes custom metrics with ``ray_`` on the Prometheus endpoint: ``pdml_batch_size`` is scraped
 as ``ray_pdml_batch_size``. Gauges are created inside the scheduler actor's process.
 """
@@ -8,40 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdml_ray.scheduler import SchedulerStats
+
 
 class PriorityGauges:
-    """One gauge per priority quantity; per-worker ones are tagged by worker and accelerator type."""
+    """One ``ray.util.metrics.Gauge`` per metric name, created when the name is first exported."""
 
     def __init__(self, run_name: str):
+        self.run_name = run_name
+        self._gauges: dict[str, Any] = {}
+
+    def export(self, stats: SchedulerStats) -> None:
+        """Set every gauge the stats records name."""
         from ray.util.metrics import Gauge
 
-        per_worker = ("run", "worker", "accelerator_type")
-        self.run_name = run_name
-        self.node_priority = Gauge("pdml_node_priority", "node priority: the worker's share of the global batch", per_worker)
-        self.batch_size = Gauge("pdml_batch_size", "the worker's batch size (samples per step)", per_worker)
-        self.grad_weight = Gauge("pdml_grad_weight", "the worker's gradient weight in the all-reduce", per_worker)
-        self.throughput = Gauge("pdml_worker_throughput", "EMA of the worker's compute throughput (samples/s)", per_worker)
-        self.version = Gauge("pdml_decision_version", "version of the current node decision", ("run",))
-        self.rejected = Gauge("pdml_reports_rejected", "worker reports rejected so far", ("run",))
-        self.sample_ess = Gauge("pdml_sample_normalized_ess", "normalised effective sample size of sample priorities", ("run",))
-        self.recalibrations = Gauge("pdml_continuity_recalibrations", "continuity recalibrations so far", ("run",))
-
-    def export(self, stats: dict[str, Any]) -> None:
-        """Set every gauge from ``Scheduler.stats()``."""
-        run = {"run": self.run_name}
-        for i, (share, size, weight, rate, accel) in enumerate(zip(
-                stats["shares"], stats["batch_sizes"], stats["grad_weights"], stats["rates"], stats["accelerator_types"])):
-            tags = {**run, "worker": str(i), "accelerator_type": accel}
-            self.node_priority.set(share, tags)
-            self.batch_size.set(size, tags)
-            self.grad_weight.set(weight, tags)
-            if stats["rate_source"] == "measured":
-                self.throughput.set(rate, tags)
-        self.version.set(stats["version"], run)
-        self.rejected.set(stats["reports_rejected"], run)
-        sample = stats.get("sample_priority")
-        if sample:
-            if "normalized_ess" in sample:
-                self.sample_ess.set(sample["normalized_ess"], run)
-            if "recalibrations" in sample:
-                self.recalibrations.set(sample["recalibrations"], run)
+        for g in stats.gauges():
+            gauge = self._gauges.get(g.name)
+            if gauge is None:
+                gauge = self._gauges[g.name] = Gauge(g.name, g.description, ("run", *(k for k, _ in g.tags)))
+            gauge.set(g.value, {"run": self.run_name, **dict(g.tags)})

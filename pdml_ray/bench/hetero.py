@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from pdml_ray.emulation import check_speed
+
 DESCRIPTION = "uniform shares vs node priorities on workers of uneven (emulated) speed, side by side"
 
 
@@ -30,9 +32,9 @@ def parse_speeds(text: str, workers: int | None) -> list[float]:
             speeds = speeds * workers
         else:
             raise SystemExit(f"--speeds has {len(speeds)} entries but --workers is {workers}")
-    if not speeds or any(not 0 < s <= 1 for s in speeds):
-        raise SystemExit(f"--speeds must be numbers in (0, 1] (the fastest worker is 1), got {text!r}")
-    return speeds
+    if not speeds:
+        raise SystemExit(f"--speeds must list numbers in (0, 1] (the fastest worker is 1), got {text!r}")
+    return [check_speed(s, f"--speeds entry {i}") for i, s in enumerate(speeds)]
 
 
 def workload(args: argparse.Namespace, steps: int, label: str, progress_every: int = 0) -> dict[str, Any]:
@@ -69,7 +71,7 @@ def _storage() -> str:
 
 def summarise(result, skip: int) -> dict[str, Any]:
     """Per-step figures from the scheduler's telemetry, steady state (steps >= skip) only."""
-    t = result.telemetry
+    t, stats = result.telemetry, result.scheduler_stats
     steps = t["step"].astype(int)
     keep = steps >= skip
     n = int(t["worker_id"].max()) + 1
@@ -81,8 +83,8 @@ def summarise(result, skip: int) -> dict[str, Any]:
     loss = float((t["loss"][last] * t["samples"][last]).sum() / t["samples"][last].sum())
     return {"step_s": float(np.median(step_time)), "rates": rates, "loss": loss,
             "overhead_fraction": float(t["overhead_s"][keep].sum() / t["step_s"][keep].sum()),
-            "comm_s": result.scheduler_stats.get("measurements", {}).get("comm_s", float("nan")),
-            "batch_sizes": result.scheduler_stats.get("batch_sizes")}
+            "comm_s": stats.measurements.get("comm_s", float("nan")) if stats else float("nan"),
+            "batch_sizes": list(stats.derivers["node"].batch_sizes) if stats else None}
 
 
 def figures(uniform: dict, pdml: dict, global_batch: int) -> dict[str, Any]:
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def med(key: str) -> float:
         return float(np.median([r[key] for r in per_repeat]))
 
-    result = {key: med(key) for key in ("ideal_speedup", "ideal_speedup_no_comm", "speedup_vs_uniform", "efficiency",
+    result: dict[str, Any] = {key: med(key) for key in ("ideal_speedup", "ideal_speedup_no_comm", "speedup_vs_uniform", "efficiency",
                                         "comm_s", "loss_uniform", "loss_pdml", "scheduler_overhead_fraction",
                                         "step_s_uniform", "step_s_pdml")}
     result["rates"] = np.median([r["rates"] for r in per_repeat], axis=0).tolist()

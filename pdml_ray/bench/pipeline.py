@@ -7,7 +7,7 @@ runs the same simulated steps (same noise per step); the memory limit is ``stage
 replica, 1F1B's own peak, so no schedule gets more memory than 1F1B uses. Figures are steady-state
 medians over the second half of the steps; ``warmup_steps`` is the first step at which osprey's
 makespan is within 5% of its steady state. The ``ray`` section runs the real Ray-actor pipeline
-(pdml_ray.runtime.pipeline.compare_schedules) with one emulated slow replica.
+(``pdml_ray.bench.pipeline_actors.compare_schedules``) with one emulated slow replica.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import statistics
 import time
 from typing import Any
 
+from pdml_ray.pipeline.registry import SCHEDULERS
+
 DESCRIPTION = "pipeline schedules: osprey vs GPipe / 1F1B / critical path (simulated grid + Ray actors)"
 
-SCHEDULES = ("gpipe", "1f1b", "critical-path", "osprey", "auto")
+SCHEDULES = tuple(SCHEDULERS)  # every registered schedule, in registry order
 TARGETS = {"heterogeneous_osprey_over_1f1b": 0.8, "heterogeneous_osprey_over_lower_bound": 1.15,
            "homogeneous_osprey_over_1f1b": 1.03, "warmup_steps": 10, "memory_violations": 0}
 
@@ -88,7 +90,7 @@ def run_ray(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_ray:
         return {"skipped": "--no-ray"}
     try:
-        from pdml_ray.runtime.pipeline import compare_schedules
+        from pdml_ray.bench.pipeline_actors import compare_schedules
     except ImportError:
         return {"skipped": "runtime not available"}
     try:

@@ -18,6 +18,7 @@ so that one-time first-call costs of torch and numpy land on neither arm.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -172,10 +173,10 @@ def _pair(imbalance: int, args, seed: int, max_steps: int, eval_every: int, targ
         "final_uniform": u.last, "final_priority": p.last,
         "step_time_uniform_ms": 1e3 * u.train_s / max_steps, "step_time_priority_ms": 1e3 * p.train_s / max_steps,
         "priority_overhead_fraction": p.overhead_s / p.train_s,
-        "continuity_overhead_fraction": stats["continuity_seconds"] / p.train_s,
-        "continuity_check_us": 1e6 * stats["continuity_seconds"] / max(stats["continuity_checks"], 1.0),
-        "recalibration_overhead_fraction": stats["recalibration_seconds"] / p.train_s,
-        "priority_stats": stats,
+        "continuity_overhead_fraction": stats.continuity_seconds / p.train_s,
+        "continuity_check_us": 1e6 * stats.continuity_seconds / max(stats.continuity_checks, 1),
+        "recalibration_overhead_fraction": stats.recalibration_seconds / p.train_s,
+        "priority_stats": dataclasses.asdict(stats),
     }
     out["step_ratio"] = _ratio(u.hit_step, p.hit_step, max_steps)
     out["time_ratio"] = _ratio(u.hit_s, p.hit_s, u.train_s)

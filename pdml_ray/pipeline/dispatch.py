@@ -1,10 +1,10 @@
 """The one dispatch rule shared by the simulator and the Ray-actor pipeline runtime.
 
 An idle replica asks ``next_action``; the caller ``start``s what it got and ``complete``s it when it
-finishes. The rule: an action may start when its dependencies are complete (and, across stages, have
-arrived: ``transfer_s`` after completion) and, for a forward, when the replica holds fewer than
-``plan.memory_limit`` activations. Without ``plan.reorder`` only the replica's next action in order is
-eligible; with it, the first eligible action in priority order, where an action may skip a blocked
+finishes. The rule: an action may start when its producers (``plan.dependency_table``, the one
+dependency rule) are complete (and, across stages, have arrived: ``transfer_s`` after completion) and,
+for a forward, when the replica holds fewer than ``plan.memory_limit`` activations. Without
+``plan.reorder`` only the replica's next action in order is eligible; with it, the first eligible action in priority order, where an action may skip a blocked
 head only across a run of actions of its own kind: out-of-order arrivals don't idle the replica, but
 forwards and backwards keep the plan's interleaving, which is what bounds memory and keeps the
 critical forward chain first.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from pdml_ray.errors import PlanError
-from pdml_ray.pipeline.plan import Action, Kind, Plan, dependencies
+from pdml_ray.pipeline.plan import Action, Kind, Plan, dependency_table
 
 
 class Dispatcher:
@@ -33,9 +33,11 @@ class Dispatcher:
         self.plan = plan
         self.transfer_s = float(transfer_s)
         """Seconds between a producer completing and its output being usable on another stage."""
+        deps = dependency_table(plan.num_stages)
+        self._producers, self._consumers = deps.producers, deps.consumers
         # (stage, replica) -> actions not yet started, in priority order.
         self._pending: dict[tuple[int, int], list[Action]] = {key: list(acts) for key, acts in plan.orders.items()}
-        self._done_at: dict[tuple[int, Kind, int], float] = {}
+        self._done_at: dict[tuple[int, Kind, int], float] = {}  # (stage, kind, microbatch) -> completed at (s)
         self._in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
         self.peak_in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
         self._limit = plan.memory_limit if plan.memory_limit is not None else math.inf
@@ -43,11 +45,12 @@ class Dispatcher:
         self._completed = 0
 
     def _ready(self, action: Action, now: float) -> bool:
-        for dep in dependencies(action, self.plan.num_stages):
-            t = self._done_at.get(dep)
+        m = action.microbatch
+        for stage, kind in self._producers[action.stage][action.kind]:
+            t = self._done_at.get((stage, kind, m))
             if t is None:
                 return False
-            if dep[0] != action.stage and t + self.transfer_s > now:
+            if stage != action.stage and t + self.transfer_s > now:
                 return False
         return True
 
@@ -100,15 +103,13 @@ class Dispatcher:
         self._completed += 1
 
     def dependants(self, action: Action) -> list[Action]:
-        """The action(s) waiting on ``action``'s output: whose replicas to wake when it completes."""
-        plan, k, m = self.plan, action.stage, action.microbatch
-        if action.kind is Kind.FORWARD:
-            if k == plan.num_stages - 1:
-                return [Action(k, action.replica, Kind.BACKWARD, m)]
-            return [Action(k + 1, plan.replica_of(k + 1, m), Kind.FORWARD, m)]
-        if k == 0:
-            return []
-        return [Action(k - 1, plan.replica_of(k - 1, m), Kind.BACKWARD, m)]
+        """The action(s) waiting on ``action``'s output: whose replicas to wake when it completes.
+
+        Each runs on the replica that holds its micro-batch at its stage (the placement rule).
+        """
+        m, replica_of = action.microbatch, self.plan.replica_of
+        return [Action(stage, replica_of(stage, m), kind, m)
+                for stage, kind in self._consumers[action.stage][action.kind]]
 
     def in_flight(self, stage: int, replica: int) -> int:
         return self._in_flight[(stage, replica)]

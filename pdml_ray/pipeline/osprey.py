@@ -1,8 +1,9 @@
 """Osprey: adaptive pipeline scheduling from measured latencies (the seed article's "osprey").
 
 measure -> derive -> decide, once per global step:
-1. Adaptive axis: an EMA of measured latency (seconds) per (stage, replica, kind). A replica left
-   without work drifts towards its stage's fastest estimate (``stale_relax``) so it gets re-tried.
+1. Adaptive axis: an EMA of measured latency (seconds) per (stage, replica, kind): the project's one
+   EMA (``pdml_ray.priority.estimators.EMA``; a slot's first step mean replaces the prior). A replica
+   left without work drifts towards its stage's fastest estimate (``stale_relax``) so it gets re-tried.
 2. Bottleneck detection: with R replicas at every stage, the pipeline is cut into R lanes (lane j =
    the j-th fastest replica of every stage, so fast replicas pair with fast ones); a lane's period is
    its slowest member's F+B time, and that member is the lane's bottleneck. The stage with the largest
@@ -26,6 +27,7 @@ measure -> derive -> decide, once per global step:
    makespan on the same EMA costs is shorter (greedy list scheduling is not optimal; with one replica per stage 1F1B's
    fixed alternation can beat it).
 Before any measurement the plan is the static warm-start plan (``OspreyConfig.warm_start``).
+What was decided and why is a frozen ``OspreyDecision`` (``last_decision``), logged by replay.
 Everything is deterministic given the measurements, so replay reproduces plans exactly.
 """
 
@@ -33,17 +35,97 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import numpy as np
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
+from pdml_ray.errors import StateError
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
-from pdml_ray.pipeline.plan import Kind, Measurement, Plan
+from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineScheduler, Plan, check_state
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
+from pdml_ray.priority.estimators import EMA
 
-F, B = Kind.FORWARD, Kind.BACKWARD
+
+@dataclass(frozen=True, slots=True)
+class OspreyDecision:
+    """What osprey last decided and why. Fields come in groups, set together and None otherwise:
+    warm start (``warm_start``); after each observed step (``step`` .. ``bottleneck_stage``); with
+    lanes (``lanes`` .. ``rebalanced``); after each adaptive plan (``predicted_makespan_s`` ..
+    ``lane_microbatches``). ``to_dict`` writes the groups that are set, in this order, for JSON logs."""
+
+    kind: Literal["warm-start", "adaptive"]
+    """'warm-start' until the first measurement, then 'adaptive'."""
+    warm_start: str | None = None
+    """The static schedule whose plan runs before any measurement (warm start only)."""
+    step: int | None = None
+    """Observed steps folded into the estimates so far."""
+    stage_loads_s: tuple[float, ...] | None = None
+    """Per stage: seconds per micro-batch with perfect balancing over its replicas, 1 / sum_r 1 / (f + b)."""
+    bottleneck_stage: int | None = None
+    """The stage with the largest balanced load."""
+    lanes: tuple[tuple[int, ...], ...] | None = None
+    """[stage][lane] -> replica: lane j holds the j-th fastest replica of every stage."""
+    lane_period_s: tuple[float, ...] | None = None
+    """Per lane: its slowest member's F+B seconds."""
+    lane_bottleneck_stage: tuple[int, ...] | None = None
+    """Per lane: the stage of its slowest member."""
+    target_weights: tuple[float, ...] | None = None
+    """Per lane: 1 / period, normalised; where the weights move to."""
+    weights: tuple[float, ...] | None = None
+    """Per lane: the micro-batch shares in use after this step (momentum, threshold applied)."""
+    rebalanced: bool | None = None
+    """Whether this step moved the weights (False: the move stayed under ``rebalance_threshold``)."""
+    predicted_makespan_s: tuple[tuple[str, float], ...] | None = None
+    """(candidate, predicted makespan s) per cap option, then 'warm-start', in the order tried."""
+    chosen: str | None = None
+    """The candidate planned: a cap option's name or 'warm-start'."""
+    lane_microbatches: tuple[int, ...] | None = None
+    """Micro-batches per lane in the best cap option's plan; None without lanes (set with ``chosen``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form with the groups that are set; ``OspreyDecision.from_dict(d.to_dict()) == d``."""
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.warm_start is not None:
+            out["warm_start"] = self.warm_start
+        if self.step is not None:
+            out.update(step=self.step, stage_loads_s=list(self.stage_loads_s or ()),
+                       bottleneck_stage=self.bottleneck_stage)
+        if self.lanes is not None:
+            out.update(lanes=[list(m) for m in self.lanes], lane_period_s=list(self.lane_period_s or ()),
+                       lane_bottleneck_stage=list(self.lane_bottleneck_stage or ()),
+                       target_weights=list(self.target_weights or ()), weights=list(self.weights or ()),
+                       rebalanced=self.rebalanced)
+        if self.chosen is not None:
+            out.update(predicted_makespan_s=dict(self.predicted_makespan_s or ()), chosen=self.chosen,
+                       lane_microbatches=None if self.lane_microbatches is None else list(self.lane_microbatches))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OspreyDecision":
+        def floats(key: str) -> tuple[float, ...] | None:
+            return None if data.get(key) is None else tuple(float(x) for x in data[key])
+
+        def ints(key: str) -> tuple[int, ...] | None:
+            return None if data.get(key) is None else tuple(int(x) for x in data[key])
+
+        lanes, predicted = data.get("lanes"), data.get("predicted_makespan_s")
+        return cls(kind=data["kind"], warm_start=data.get("warm_start"),
+                   step=None if data.get("step") is None else int(data["step"]), stage_loads_s=floats("stage_loads_s"),
+                   bottleneck_stage=None if data.get("bottleneck_stage") is None else int(data["bottleneck_stage"]),
+                   lanes=None if lanes is None else tuple(tuple(int(r) for r in m) for m in lanes),
+                   lane_period_s=floats("lane_period_s"), lane_bottleneck_stage=ints("lane_bottleneck_stage"),
+                   target_weights=floats("target_weights"), weights=floats("weights"),
+                   rebalanced=data.get("rebalanced"),
+                   predicted_makespan_s=None if predicted is None else tuple((str(k), float(v))
+                                                                             for k, v in predicted.items()),
+                   chosen=data.get("chosen"), lane_microbatches=ints("lane_microbatches"))
 
 
 class OspreyScheduler:
+    """Adaptive plans from measured latencies (measure -> derive -> decide, see the module docstring)."""
+
     name = "osprey"
 
     def __init__(self, *, stages: int, replicas: Sequence[int], microbatches: int,
@@ -56,41 +138,52 @@ class OspreyScheduler:
         self.memory_limit = self.pipeline_config.memory_limit
         self.lanes = self.replicas[0] if len(set(self.replicas)) == 1 else 0  # 0: unequal counts, no lanes
         prior = self.pipeline_config.stage_costs or [(DEFAULT_FORWARD_S, DEFAULT_BACKWARD_S)] * stages
-        # est[k][r] = [forward_s, backward_s]: the adaptive axis.
-        self.est: list[list[list[float]]] = [[[float(prior[k][0]), float(prior[k][1])]
-                                              for _ in range(self.replicas[k])] for k in range(stages)]
-        self.measured: list[list[bool]] = [[False] * self.replicas[k] for k in range(stages)]
+        # Latency estimates: one EMA slot per (replica, kind), replicas numbered stage by stage
+        # (``_first[k] + r``), shape (sum(replicas), len(Kind)), seconds.
+        self._first = [sum(self.replicas[:k]) for k in range(stages)]
+        priors = np.array([prior[k] for k in range(stages) for _ in range(self.replicas[k])], dtype=np.float64)
+        self.latency = EMA((sum(self.replicas), len(Kind)), self.config.ema_alpha, priors)
+        self.est = self._est_view(self.latency.values.tolist())
+        """est[k][r][KIND_INDEX[kind]]: ``latency.values`` as python floats, the view list scheduling
+        reads (cheaper there than numpy scalars); re-read whenever the EMA changes. Do not write it."""
         self.weights: list[float] = [1.0 / max(1, self.lanes)] * max(1, self.lanes)
         self.steps_observed = 0
-        self.last_decision: dict[str, Any] = {"kind": "warm-start", "warm_start": self.config.warm_start}
-        self._warm: Any = None  # the warm-start static scheduler, built on first use
+        self.last_decision = OspreyDecision(kind="warm-start", warm_start=self.config.warm_start)
+        self._warm: PipelineScheduler | None = None  # the warm-start static scheduler, built on first use
+
+    def _est_view(self, values: list[list[float]]) -> list[list[tuple[float, ...]]]:
+        """``est`` from ``latency.values.tolist()``."""
+        return [[tuple(values[self._first[k] + r]) for r in range(self.replicas[k])] for k in range(self.stages)]
 
     # ---- measure -------------------------------------------------------------------------------
     def observe(self, measurements: Sequence[Measurement]) -> None:
-        """Fold one step's measurements into the EMA, then re-detect bottlenecks and re-weight."""
-        sums: dict[tuple[int, int, int], list[float]] = {}
+        """Fold one step's mean latency per (stage, replica, kind) into the EMA, relax the replicas
+        that got no work, then re-detect bottlenecks and re-weight."""
+        sums: dict[tuple[int, int, int], list[float]] = {}  # (stage, replica, kind index) -> [total s, count]
         for x in measurements:
-            acc = sums.setdefault((x.stage, x.replica, 0 if x.kind is F else 1), [0.0, 0])
+            acc = sums.setdefault((x.stage, x.replica, KIND_INDEX[x.kind]), [0.0, 0])
             acc[0] += x.latency_s
             acc[1] += 1
         if not sums:
             return
-        a = self.config.ema_alpha
-        seen = set()
-        for (k, r, i), (total, n) in sorted(sums.items()):
-            mean = total / n
-            # The first measurement replaces the prior outright: the prior's scale is arbitrary.
-            self.est[k][r][i] = mean if not self.measured[k][r] else (1 - a) * self.est[k][r][i] + a * mean
-            seen.add((k, r))
-        for k, r in seen:
-            self.measured[k][r] = True
+        # One vectorised EMA update of every measured (slot, kind): the slots are distinct.
+        slots = np.array([self._first[k] + r for k, r, _ in sums])
+        kinds = np.array([i for _, _, i in sums])
+        self.latency.update((slots, kinds), np.array([total / n for total, n in sums.values()]))
+        seen = {(k, r) for k, r, _ in sums}
+        # Stale relax, on python floats (values[slot][kind index]), written back into the EMA's values.
+        values, relax, stale = self.latency.values.tolist(), self.config.stale_relax, False
         for k in range(self.stages):
-            best = min(self.est[k], key=lambda c: c[0] + c[1])
-            for r in range(self.replicas[k]):
+            rows = values[self._first[k]:self._first[k] + self.replicas[k]]
+            best = min(rows, key=lambda c: c[0] + c[1])
+            for r, c in enumerate(rows):
                 if (k, r) not in seen:
-                    c = self.est[k][r]
-                    for i in (0, 1):
-                        c[i] += self.config.stale_relax * (best[i] - c[i])
+                    stale = True
+                    for i in range(len(c)):
+                        c[i] += relax * (best[i] - c[i])  # the best row itself moves by 0
+        if stale:
+            self.latency.values[...] = values
+        self.est = self._est_view(values)
         self.steps_observed += 1
         self._reweight()
 
@@ -108,8 +201,8 @@ class OspreyScheduler:
 
     def _reweight(self) -> None:
         loads = self.stage_loads()
-        decision: dict[str, Any] = {"kind": "adaptive", "step": self.steps_observed, "stage_loads_s": loads,
-                                    "bottleneck_stage": max(range(self.stages), key=lambda k: loads[k])}
+        decision = OspreyDecision(kind="adaptive", step=self.steps_observed, stage_loads_s=tuple(loads),
+                                  bottleneck_stage=max(range(self.stages), key=lambda k: loads[k]))
         if self.lanes:
             members = self.lane_members()
             periods = [max(self._period(k, members[k][j]) for k in range(self.stages)) for j in range(self.lanes)]
@@ -122,10 +215,11 @@ class OspreyScheduler:
             rebalanced = first or moved > self.config.rebalance_threshold
             if rebalanced:
                 self.weights = new
-            decision.update(lanes=members, lane_period_s=periods,
-                            lane_bottleneck_stage=[max(range(self.stages), key=lambda k: self._period(k, members[k][j]))
-                                                   for j in range(self.lanes)],
-                            target_weights=target, weights=list(self.weights), rebalanced=rebalanced)
+            decision = dataclasses.replace(
+                decision, lanes=tuple(tuple(m) for m in members), lane_period_s=tuple(periods),
+                lane_bottleneck_stage=tuple(max(range(self.stages), key=lambda k: self._period(k, members[k][j]))
+                                            for j in range(self.lanes)),
+                target_weights=tuple(target), weights=tuple(self.weights), rebalanced=rebalanced)
         self.last_decision = decision
 
     # ---- decide --------------------------------------------------------------------------------
@@ -230,8 +324,9 @@ class OspreyScheduler:
         predicted["warm-start"] = in_order_makespan(warm.orders, S, self.est)
         assert best is not None
         use_warm = predicted["warm-start"] < best[0]
-        self.last_decision = {**self.last_decision, "predicted_makespan_s": predicted,
-                              "chosen": "warm-start" if use_warm else best[1], "lane_microbatches": best[3]}
+        self.last_decision = dataclasses.replace(
+            self.last_decision, predicted_makespan_s=tuple(predicted.items()),
+            chosen="warm-start" if use_warm else best[1], lane_microbatches=None if best[3] is None else tuple(best[3]))
         if use_warm:
             return warm
         return Plan(S, self.replicas, self.microbatches, to_orders(best[2]), reorder=True, memory_limit=self.memory_limit,
@@ -239,13 +334,18 @@ class OspreyScheduler:
 
     # ---- replay --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"est": [[list(c) for c in row] for row in self.est], "measured": [list(r) for r in self.measured],
-                "weights": list(self.weights), "steps_observed": self.steps_observed,
-                "last_decision": dict(self.last_decision)}
+        return {"latency": self.latency.state_dict(), "weights": list(self.weights),
+                "steps_observed": self.steps_observed, "last_decision": self.last_decision.to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.est = [[[float(x) for x in c] for c in row] for row in state["est"]]
-        self.measured = [[bool(x) for x in row] for row in state["measured"]]
+        check_state(state, ("latency", "weights", "steps_observed", "last_decision"), self.name)
+        shape = np.shape(state["latency"].get("values"))
+        if shape != self.latency.values.shape:
+            raise StateError(f"saved osprey estimates have shape {shape} (replica slots, kinds), this scheduler needs "
+                             f"{self.latency.values.shape} for replicas {list(self.replicas)}; load a state saved "
+                             "for the same stages and replicas")
+        self.latency.load_state_dict(state["latency"])
+        self.est = self._est_view(self.latency.values.tolist())
         self.weights = [float(w) for w in state["weights"]]
         self.steps_observed = int(state["steps_observed"])
-        self.last_decision = dict(state["last_decision"])
+        self.last_decision = OspreyDecision.from_dict(state["last_decision"])

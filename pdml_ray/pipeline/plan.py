@@ -1,30 +1,43 @@
-"""Pipeline plans as data: actions, per-replica orders, validation and a printable grid.
+"""Pipeline plans as data: actions, the dependency rule, per-replica orders, validation, a printable grid.
 
 A pipeline has ``num_stages`` stages; stage k has ``replicas[k]`` identical copies (replicas). One
 global step runs every micro-batch forward through all stages and backward again, sums the gradients
 over micro-batches and over the replicas of a stage, and takes one optimizer step.
 
-Placement rule: the forward of micro-batch m at stage k runs on exactly one replica of stage k and its
-backward on the same replica (the activations live there); the forward at stage k+1 may go to any
-replica of stage k+1. A ``Plan`` fixes that placement and, per replica, the priority order of its
-actions. ``validate`` checks a plan on the CPU before anything runs (shape of
+Dependency rule (``producers``, the one place it is written): F(k, m) needs F(k-1, m); B(k, m) needs
+B(k+1, m), or F(k, m) at the last stage (the loss). ``dependency_table`` derives from it, once per
+number of stages, who consumes each output (the inverse) and which actions start and end a
+micro-batch's chain. Validation, the ``Dispatcher``, the list scheduler and the simulator all read
+that table, so a new action kind (say zero-bubble's weight-gradient W after B at the same stage)
+changes the rule in one place; which ready kind a replica picks, and memory, stay policy.
+
+Placement rule: the forward of micro-batch m at stage k runs on exactly one replica of stage k and every
+other action of m at stage k on the same replica (the activations live there); the forward at stage
+k+1 may go to any replica of stage k+1. A ``Plan`` fixes that placement and, per replica, the priority
+order of its actions. ``validate`` checks a plan on the CPU before anything runs (shape of
 ``torch.distributed.pipelining``'s ``_validate_pipeline_order``); ``format`` prints the grid.
+``PipelineScheduler`` is what every schedule (static, osprey, auto) implements.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
-from pdml_ray.errors import PlanError
+from pdml_ray.errors import PlanError, StateError
 
 
 class Kind(str, Enum):
     FORWARD = "F"
     BACKWARD = "B"
+
+
+KIND_INDEX: dict[Kind, int] = {kind: i for i, kind in enumerate(Kind)}
+"""Position of a kind in per-kind cost pairs such as ``(forward_s, backward_s)``: F=0, B=1."""
 
 
 _ACTION_RE = re.compile(r"^s(\d+)r(\d+)([FB])(\d+)$")
@@ -112,28 +125,99 @@ class Plan:
                    memory_limit=data["memory_limit"], schedule=data.get("schedule", ""))
 
 
+class DecisionRecord(Protocol):
+    """What an adaptive scheduler decided and why (``OspreyDecision``, ``AutoDecision``): a frozen record."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 class PipelineScheduler(Protocol):
-    """What static schedules and osprey share: a plan per step, measurements back after it."""
+    """What every schedule implements: a plan per step, measurements back after it, replayable state.
+
+    Static schedules have ``last_decision = None`` and (but for critical-path's cost estimates) an
+    empty state; ``replay`` relies on the whole protocol and probes for nothing.
+    """
 
     name: str
+
+    @property
+    def last_decision(self) -> DecisionRecord | None:
+        """The record behind the latest plan (None: a static schedule decides nothing)."""
 
     def plan(self, step: int) -> Plan: ...
 
     def observe(self, measurements: Sequence[Measurement]) -> None: ...
 
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state that, loaded into a fresh scheduler, reproduces its next plan exactly."""
 
-def dependencies(action: Action, num_stages: int) -> tuple[tuple[int, Kind, int], ...]:
-    """(stage, kind, microbatch) keys that must complete before ``action`` may start.
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-    F(k, m) needs F(k-1, m); B(k, m) needs B(k+1, m), or F(k, m) at the last stage (the loss).
-    Replicas are not part of the key: the producer's replica is whichever ran it.
+
+def check_state(state: Mapping[str, Any], keys: Sequence[str], scheduler: str) -> None:
+    """Raise StateError unless ``state`` (from ``state_dict``) has every key ``scheduler`` needs."""
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise StateError(f"saved {scheduler} scheduler state lacks {missing} (has {sorted(state)}); it was saved by "
+                         f"another schedule or version: load a state saved by {scheduler}'s state_dict()")
+
+
+# ---- the dependency rule -------------------------------------------------------------------------
+StageKind = tuple[int, Kind]
+"""(stage, kind) of one action of a micro-batch; the rule relates actions of the same micro-batch."""
+
+
+def producers(stage: int, kind: Kind, num_stages: int) -> tuple[StageKind, ...]:
+    """THE dependency rule: the (stage, kind) actions of the same micro-batch whose outputs
+    ``kind`` at ``stage`` needs. Everything else derives from it through ``dependency_table``.
+
+    F(k) needs F(k-1) (none at stage 0); B(k) needs B(k+1), or F(k) at the last stage (the loss).
     """
-    k, m = action.stage, action.microbatch
-    if action.kind is Kind.FORWARD:
-        return ((k - 1, Kind.FORWARD, m),) if k > 0 else ()
-    if k == num_stages - 1:
-        return ((k, Kind.FORWARD, m),)
-    return ((k + 1, Kind.BACKWARD, m),)
+    if kind is Kind.FORWARD:
+        return ((stage - 1, Kind.FORWARD),) if stage > 0 else ()
+    if stage == num_stages - 1:
+        return ((stage, Kind.FORWARD),)
+    return ((stage + 1, Kind.BACKWARD),)
+
+
+@dataclass(frozen=True, slots=True)
+class DependencyTable:
+    """``producers`` tabulated for one number of stages, with its inverse. Read-only; shared via the cache.
+
+    ``producers[k][kind]`` and ``consumers[k][kind]`` are (stage, kind) tuples (consumers in stage,
+    then kind order). A producer's output reaches a consumer on another stage ``transfer_s`` after it
+    completes, one on its own stage at once; an action with several producers waits for all of them.
+    """
+
+    num_stages: int
+    producers: tuple[dict[Kind, tuple[StageKind, ...]], ...]
+    consumers: tuple[dict[Kind, tuple[StageKind, ...]], ...]
+    sources: tuple[StageKind, ...]
+    """Actions with no producers: ready for every micro-batch when the step starts (F at stage 0)."""
+    sinks: tuple[StageKind, ...]
+    """Actions nothing consumes: a micro-batch is finished when these are (B at stage 0)."""
+
+
+@functools.lru_cache(maxsize=32)
+def dependency_table(num_stages: int) -> DependencyTable:
+    """The rule and its inverse for ``num_stages`` stages, derived once (O(stages x kinds))."""
+    keys = [(k, kind) for k in range(num_stages) for kind in Kind]
+    prods = {key: producers(*key, num_stages) for key in keys}
+    for (k, kind), ps in prods.items():
+        for p in ps:
+            if p not in prods:
+                raise PlanError(f"dependency rule: {kind.value} at stage {k} needs {p}, which is no action of a "
+                                f"{num_stages}-stage pipeline; fix pdml_ray.pipeline.plan.producers")
+    cons: dict[StageKind, list[StageKind]] = {key: [] for key in keys}
+    for key in keys:  # in stage, then kind order: the consumers' order
+        for p in prods[key]:
+            cons[p].append(key)
+    return DependencyTable(
+        num_stages=num_stages,
+        producers=tuple({kind: prods[(k, kind)] for kind in Kind} for k in range(num_stages)),
+        consumers=tuple({kind: tuple(cons[(k, kind)]) for kind in Kind} for k in range(num_stages)),
+        sources=tuple(key for key in keys if not prods[key]),
+        sinks=tuple(key for key in keys if not cons[key]))
 
 
 def _check_shape(plan: Plan) -> None:
@@ -153,7 +237,7 @@ def _check_shape(plan: Plan) -> None:
 
 
 def _check_coverage(plan: Plan) -> None:
-    """Every micro-batch F and B exactly once per stage; B on the replica that ran its F."""
+    """Every action of every micro-batch exactly once per stage, all on the replica that ran its F."""
     seen: dict[tuple[int, Kind, int], int] = {}
     for (k, r), actions in plan.orders.items():
         for a in actions:
@@ -171,9 +255,11 @@ def _check_coverage(plan: Plan) -> None:
             for kind in Kind:
                 if (k, kind, m) not in seen:
                     raise PlanError(f"missing action: {kind.value}{m} of stage {k} is in no replica's order")
-            if seen[(k, Kind.FORWARD, m)] != seen[(k, Kind.BACKWARD, m)]:
-                raise PlanError(f"B{m} of stage {k} is on replica {seen[(k, Kind.BACKWARD, m)]} but its F ran on "
-                                f"replica {seen[(k, Kind.FORWARD, m)]}; a backward must run where its activations are")
+            for kind in Kind:
+                if seen[(k, kind, m)] != seen[(k, Kind.FORWARD, m)]:
+                    raise PlanError(f"{kind.value}{m} of stage {k} is on replica {seen[(k, kind, m)]} but its F ran on "
+                                    f"replica {seen[(k, Kind.FORWARD, m)]}; every action of a micro-batch at a stage "
+                                    "must run where its activations are")
 
 
 def _check_memory(plan: Plan) -> None:
@@ -195,7 +281,8 @@ def unit_time_grid(plan: Plan) -> list[dict[tuple[int, int], Action]]:
     step. Raises PlanError naming the stuck replicas if the in-order run cannot finish (deadlock).
     In-order execution is confluent, so a plan that finishes here finishes under any timing.
     """
-    done: set[tuple[int, Kind, int]] = set()
+    prods = dependency_table(plan.num_stages).producers
+    done: set[tuple[int, Kind, int]] = set()  # (stage, kind, microbatch) completed
     pos = {key: 0 for key in plan.orders}
     remaining = plan.num_actions
     grid: list[dict[tuple[int, int], Action]] = []
@@ -204,7 +291,7 @@ def unit_time_grid(plan: Plan) -> list[dict[tuple[int, int], Action]]:
         for key, actions in plan.orders.items():
             if pos[key] < len(actions):
                 a = actions[pos[key]]
-                if all(d in done for d in dependencies(a, plan.num_stages)):
+                if all((k, kind, a.microbatch) in done for k, kind in prods[a.stage][a.kind]):
                     row[key] = a
         if not row:
             stuck = ", ".join(f"stage {k} replica {r} waits at {plan.orders[(k, r)][pos[(k, r)]]}"

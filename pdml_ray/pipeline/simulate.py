@@ -32,11 +32,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pdml_ray.errors import PlanError
+from pdml_ray.config import PipelineConfig
+from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.dispatch import Dispatcher
-from pdml_ray.pipeline.plan import Kind, Measurement, Plan, PipelineScheduler
-
-F, B = Kind.FORWARD, Kind.BACKWARD
+from pdml_ray.pipeline.plan import KIND_INDEX, Action, Measurement, PipelineScheduler, Plan, validate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,11 +63,14 @@ class ClusterProfile:
 
     def __post_init__(self) -> None:
         S = self.stages
-        if not (len(self.replicas) == len(self.forward_s) == len(self.backward_s) == len(self.speeds) == S):
-            raise ValueError(f"profile: replicas, forward_s, backward_s and speeds need one entry per stage ({S})")
+        lengths = {name: len(getattr(self, name)) for name in ("replicas", "forward_s", "backward_s", "speeds")}
+        if any(n != S for n in lengths.values()):
+            raise ConfigError(f"profile: replicas, forward_s, backward_s and speeds need one entry per stage ({S}), "
+                              f"got lengths {lengths}; give one value per stage")
         for k in range(S):
-            if len(self.speeds[k]) != self.replicas[k] or min(self.speeds[k]) <= 0:
-                raise ValueError(f"profile: speeds[{k}] needs {self.replicas[k]} positive entries, got {self.speeds[k]}")
+            if len(self.speeds[k]) != self.replicas[k] or min(self.speeds[k], default=0.0) <= 0:
+                raise ConfigError(f"profile: speeds[{k}] needs {self.replicas[k]} positive entries (one per replica of "
+                                  f"stage {k}; 1.0 = nominal), got {self.speeds[k]}")
 
     @classmethod
     def build(cls, stages: int, replicas: int | Sequence[int], *, profile: str = "homogeneous",
@@ -86,7 +88,7 @@ class ClusterProfile:
         elif profile == "noisy":
             extra = {"noise_sigma": 0.2, "microbatch_cv": 0.1, "drift_sigma": 0.05}
         elif profile != "homogeneous":
-            raise ValueError(f"unknown profile {profile!r}; valid: {list(PROFILES)}")
+            raise ConfigError(f"unknown profile {profile!r}; use one of {list(PROFILES)} and refine it with overrides")
         kwargs = dict(stages=stages, replicas=reps, forward_s=(forward_s,) * stages,
                       backward_s=(backward_s,) * stages, speeds=tuple(tuple(s) for s in speeds), **extra)
         kwargs.update(overrides)
@@ -144,7 +146,7 @@ class PipelineSimulator:
         return out
 
     def work(self, step: int, microbatches: int) -> np.ndarray:
-        """(stages, 2, microbatches) seconds of work at speed 1 for F (index 0) and B (index 1)."""
+        """(stages, kinds, microbatches) seconds of work at speed 1, kinds indexed by ``KIND_INDEX`` (F 0, B 1)."""
         p = self.profile
         rng = np.random.default_rng([self.seed, 13, step])
         mb = np.maximum(rng.normal(1.0, p.microbatch_cv, size=microbatches), 0.2) if p.microbatch_cv else \
@@ -173,13 +175,14 @@ class PipelineSimulator:
         p = self.profile
         if plan.num_stages != p.stages or tuple(plan.replicas) != tuple(p.replicas):
             raise PlanError(f"plan is for {plan.num_stages} stages x {plan.replicas}, the profile for "
-                            f"{p.stages} x {p.replicas}")
+                            f"{p.stages} x {p.replicas}; build the plan for the simulated cluster's shape")
         d = Dispatcher(plan, transfer_s=p.transfer_s)
         w, speeds, transfer = self.work(step, plan.num_microbatches).tolist(), self._speeds(step), p.transfer_s
         busy_until: dict[tuple[int, int], float] = {key: -1.0 for key in plan.orders}
         busy_total = {key: 0.0 for key in plan.orders}
         measurements: list[Measurement] = []
-        events: list[tuple[float, int, Any]] = []  # (t, seq, action or None for a wake-up, replica key)
+        # (t s, seq, the action completing or None for a wake-up, (stage, replica) it concerns)
+        events: list[tuple[float, int, Action | None, tuple[int, int]]] = []
         seq, now = 0, 0.0
         wake = sorted(plan.orders)
         while True:
@@ -190,7 +193,7 @@ class PipelineSimulator:
                 if a is None:
                     continue
                 d.start(a)
-                cost = w[a.stage][0 if a.kind is F else 1][a.microbatch] / speeds[a.stage][a.replica]
+                cost = w[a.stage][KIND_INDEX[a.kind]][a.microbatch] / speeds[a.stage][a.replica]
                 busy_until[key] = now + cost
                 busy_total[key] += cost
                 measurements.append(Measurement(a.stage, a.replica, a.kind, a.microbatch, cost))
@@ -214,7 +217,8 @@ class PipelineSimulator:
                         heapq.heappush(events, (now + transfer, seq, None, dkey))
                         seq += 1
         if not d.done():
-            raise PlanError(f"simulation stalled at t={now:.4g}s with work left (plan {plan.schedule!r})")
+            raise PlanError(f"simulation stalled at t={now:.4g}s with work left (plan {plan.schedule!r}); "
+                            "check the plan with pdml_ray.pipeline.plan.validate, which names the defect")
         makespan = max(busy_until.values())
         bubble = [1.0 - sum(busy_total[(k, r)] for r in range(p.replicas[k])) / (makespan * p.replicas[k])
                   for k in range(p.stages)]
@@ -228,8 +232,6 @@ class PipelineSimulator:
 def simulate_schedule(scheduler: PipelineScheduler, simulator: PipelineSimulator, steps: int,
                       *, check: bool = False) -> list[StepResult]:
     """Plan, run and feed back ``steps`` global steps; ``check`` validates every plan first."""
-    from pdml_ray.pipeline.plan import validate
-
     results = []
     for step in range(steps):
         plan = scheduler.plan(step)
@@ -242,11 +244,14 @@ def simulate_schedule(scheduler: PipelineScheduler, simulator: PipelineSimulator
 
 
 def compare_in_simulation(profile: ClusterProfile, microbatches: int, schedules: Sequence[str], *, steps: int,
-                          config: Any = None, seed: int = 0, check: bool = True) -> dict[str, dict[str, Any]]:
+                          config: PipelineConfig | None = None, seed: int = 0, check: bool = True
+                          ) -> dict[str, dict[str, Any]]:
     """Run every schedule for ``steps`` global steps on the same simulated cluster (same noise per step).
 
     Per schedule: per-step makespans (s), mean bubble fractions, lower bounds (s), peak activations per
-    replica, memory violations, and the scheduler's last decision (auto's choice and reason).
+    replica, memory violations, the scheduler's last decision as a dict (``last_decision.to_dict()``:
+    auto's choice and reason, osprey's weights and bottlenecks; {} for a static schedule) and its plan
+    for step ``steps``.
     """
     from pdml_ray.pipeline.registry import make_scheduler
 
@@ -261,7 +266,7 @@ def compare_in_simulation(profile: ClusterProfile, microbatches: int, schedules:
                      "bubble_per_stage": results[-1].bubble_fraction,
                      "lower_bound_s": [r.lower_bound_s for r in results],
                      "peak_memory": peak, "memory_violations": sum(r.memory_violations for r in results),
-                     "decision": dict(getattr(scheduler, "last_decision", {}) or {}),
+                     "decision": scheduler.last_decision.to_dict() if scheduler.last_decision is not None else {},
                      "last_plan": scheduler.plan(steps)}
     return out
 

@@ -1,14 +1,18 @@
 """Static schedules: GPipe, 1F1B and critical-path priority. Micro-batches go to replicas round-robin.
 
 "Static" means the plan runs strictly in order (``reorder=False``); the order is fixed before the step.
+Static schedules decide nothing at run time (``last_decision`` is None); only critical-path keeps state
+(its cost estimates).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
+from pdml_ray.config import PipelineConfig
 from pdml_ray.pipeline.listsched import list_schedule, round_robin
-from pdml_ray.pipeline.plan import Action, Kind, Measurement, Plan
+from pdml_ray.pipeline.plan import Action, Kind, Measurement, Plan, check_state
 
 F, B = Kind.FORWARD, Kind.BACKWARD
 # Cost model the static generators assume when nothing better is known: backward ~ 2x forward.
@@ -16,17 +20,17 @@ DEFAULT_FORWARD_S = 1.0
 DEFAULT_BACKWARD_S = 2.0
 
 
-def _memory_limit(config: Any) -> int | None:
-    return getattr(config, "memory_limit", None) if config is not None else None
+class _StaticBase(ABC):
+    """A plan built once (``_build``) and reused every step; ``config`` None means ``PipelineConfig()``."""
 
-
-class _StaticBase:
     name = "static"
+    last_decision = None  # nothing is decided at run time
 
-    def __init__(self, *, stages: int, replicas: Sequence[int], microbatches: int, config: Any = None) -> None:
+    def __init__(self, *, stages: int, replicas: Sequence[int], microbatches: int,
+                 config: PipelineConfig | None = None) -> None:
         self.stages, self.replicas, self.microbatches = stages, tuple(replicas), microbatches
-        self.config = config
-        self.memory_limit = _memory_limit(config)
+        self.config = config if config is not None else PipelineConfig()
+        self.memory_limit = self.config.memory_limit
         self._cache: Plan | None = None
 
     def observe(self, measurements: Sequence[Measurement]) -> None:
@@ -37,8 +41,9 @@ class _StaticBase:
             self._cache = self._build()
         return self._cache
 
+    @abstractmethod
     def _build(self) -> Plan:
-        raise NotImplementedError
+        """This schedule's plan for the configured shape and memory limit."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -117,7 +122,7 @@ class CriticalPathScheduler(_StaticBase):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        costs = getattr(self.config, "stage_costs", None) if self.config is not None else None
+        costs = self.config.stage_costs
         self.forward_s = [c[0] for c in costs] if costs else [DEFAULT_FORWARD_S] * self.stages
         self.backward_s = [c[1] for c in costs] if costs else [DEFAULT_BACKWARD_S] * self.stages
 
@@ -144,5 +149,6 @@ class CriticalPathScheduler(_StaticBase):
         return {"forward_s": list(self.forward_s), "backward_s": list(self.backward_s)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, ("forward_s", "backward_s"), self.name)
         self.forward_s, self.backward_s = list(state["forward_s"]), list(state["backward_s"])
         self._cache = None

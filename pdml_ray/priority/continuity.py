@@ -46,6 +46,7 @@ from typing import Callable, Literal
 import numpy as np
 
 from pdml_ray.config import ContinuityConfig
+from pdml_ray.errors import ReportError
 
 logger = logging.getLogger(__name__)
 
@@ -120,12 +121,12 @@ def measure(priorities: np.ndarray, *, tie_tolerance: float = 1e-3, max_items: i
     """The three measures of a priority vector (shape (N,), finite, >= 0). O(N), or O(max_items)."""
     p = np.asarray(priorities, dtype=np.float64).ravel()
     if p.size == 0:
-        raise ValueError("continuity.measure: empty priority vector")
+        raise ReportError("continuity.measure: empty priority vector (give one priority per item)")
     rng = rng if rng is not None else np.random.default_rng(0)
     if max_items is not None and p.size > max_items:
         p = p[rng.integers(0, p.size, size=max_items)]  # with replacement: O(max_items), unbiased means
     if not (np.all(np.isfinite(p)) and p.min() >= 0.0):
-        raise ValueError("continuity.measure: priorities must be finite and >= 0")
+        raise ReportError("continuity.measure: priorities must be finite and >= 0")
     n = p.size
     total = float(p.sum())
     if n == 1 or total <= 0.0:  # one item, or all zero: nothing to prefer, i.e. uniform

@@ -13,181 +13,140 @@ mean gradient over the global batch.
 
 from __future__ import annotations
 
-import logging
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from pdml_ray.config import NodePriorityConfig
-from pdml_ray.telemetry import NodeDecision, WorkerReport
-
-log = logging.getLogger(__name__)
-
-
-def round_to_batch_sizes(shares: Sequence[float] | np.ndarray, total: int, min_batch: int = 0,
-                         max_batch: int | None = None) -> np.ndarray:
-    """Integer batch sizes (int64, shape (n,)) proportional to ``shares``, summing exactly to ``total``.
-
-    Floors and caps are met first by water-filling (clamped workers are fixed, the rest share what is
-    left in proportion), then fractions are rounded by largest remainder. Requires
-    ``n * min_batch <= total <= n * max_batch``; ties in the remainders go to the lower index.
-    """
-    s = np.asarray(shares, dtype=np.float64)
-    n = len(s)
-    if n == 0:
-        raise ValueError("round_to_batch_sizes needs at least one share")
-    if not np.all(np.isfinite(s)) or np.any(s < 0) or s.sum() <= 0:
-        raise ValueError(f"shares must be finite, >= 0 and not all zero, got {s.tolist()}")
-    cap = total if max_batch is None else max_batch
-    if n * min_batch > total or n * cap < total:
-        raise ValueError(f"cannot split {total} samples over {n} workers within [{min_batch}, {max_batch}]")
-
-    # Water-filling: the level T with sum(clip(T * s, lo, cap)) == total. The sum is non-decreasing in
-    # T, so bisection finds it; zero shares get a vanishing weight so they only grow when they must.
-    s = np.maximum(s / s.max(), 1e-12)
-    low, high = 0.0, cap / s.min()
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        if np.clip(mid * s, min_batch, cap).sum() < total:
-            low = mid
-        else:
-            high = mid
-    target = np.clip(high * s, min_batch, cap)
-
-    sizes = np.clip(np.floor(target + 1e-9), min_batch, cap).astype(np.int64)
-    short = int(total - sizes.sum())
-    if short > 0:  # largest remainder among workers below their cap; stable sort breaks ties by index
-        remainder = np.where(sizes < cap, target - sizes, -np.inf)
-        sizes[np.argsort(-remainder, kind="stable")[:short]] += 1
-    elif short < 0:  # target overshot by rounding noise: take back from the smallest remainders
-        remainder = np.where(sizes > min_batch, target - sizes, np.inf)
-        sizes[np.argsort(remainder, kind="stable")[:-short]] -= 1
-    return sizes
+from pdml_ray.batching import predicted_step_s, round_to_batch_sizes
+from pdml_ray.config import PDMLConfig
+from pdml_ray.decisions import Boundary, Decision, NodeDecision, WorkerReport
+from pdml_ray.priority.base import Deriver, GaugeValue
+from pdml_ray.priority.estimators import EMA
 
 
-def predicted_step_s(batch_sizes: Sequence[int], rates: Sequence[float]) -> float:
-    """Compute time of a synchronous step: the slowest worker's batch over its rate (seconds)."""
-    return max(b / r for b, r in zip(batch_sizes, rates) if b > 0) if sum(batch_sizes) else 0.0
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """What the node deriver knows: the current decision's sizes and the rates behind them."""
+
+    batch_sizes: tuple[int, ...]
+    grad_weights: tuple[float, ...]
+    shares: tuple[float, ...]
+    """Un-rounded throughput shares (sum to 1): each worker's node priority."""
+    rates: tuple[float, ...]
+    """Relative rates the shares come from: measured samples/s, or the accelerator prior's speeds."""
+    rate_source: str
+    """'measured' once every worker has been measured, else 'prior'."""
+    accelerator_types: tuple[str, ...]
+
+    def summary_lines(self) -> list[str]:
+        lines = [f"node priorities (rates: {self.rate_source})",
+                 f"{'worker':>6}  {'accelerator':<12} {'priority':>8} {'batch':>6} {'grad weight':>11} {'rate':>10}"]
+        for i, (accel, share, size, weight, rate) in enumerate(zip(self.accelerator_types, self.shares,
+                                                                     self.batch_sizes, self.grad_weights, self.rates)):
+            lines.append(f"{i:>6}  {accel:<12} {share:>8.3f} {size:>6} {weight:>11.4f} {rate:>10.4g}")
+        return lines
+
+    def gauges(self) -> list[GaugeValue]:
+        out = []
+        for i, (share, size, weight, rate, accel) in enumerate(zip(
+                self.shares, self.batch_sizes, self.grad_weights, self.rates, self.accelerator_types)):
+            tags = (("worker", str(i)), ("accelerator_type", accel))
+            out += [GaugeValue("pdml_node_priority", "node priority: the worker's share of the global batch", share, tags),
+                    GaugeValue("pdml_batch_size", "the worker's batch size (samples per step)", size, tags),
+                    GaugeValue("pdml_grad_weight", "the worker's gradient weight in the all-reduce", weight, tags)]
+            if self.rate_source == "measured":
+                out.append(GaugeValue("pdml_worker_throughput", "EMA of the worker's compute throughput (samples/s)",
+                                      rate, tags))
+        return out
 
 
-def step_slices(offset: int, batch_sizes: Sequence[int], num_samples: int) -> list[slice]:
-    """Each worker's contiguous chunk of a global permutation for the step starting at ``offset``.
-
-    A full step hands out ``sum(batch_sizes)`` positions; the last, partial step of an epoch splits
-    what is left in the same proportions (largest remainder), so every position of the permutation
-    is used exactly once per epoch whatever the sequence of decisions.
-    """
-    left = num_samples - offset
-    if left <= 0:
-        return [slice(offset, offset)] * len(batch_sizes)
-    sizes = np.asarray(batch_sizes, dtype=np.int64)
-    if sizes.sum() > left:
-        sizes = round_to_batch_sizes(np.maximum(sizes, 0) + 1e-12, left)
-    bounds = offset + np.concatenate([[0], np.cumsum(sizes)])
-    return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-class ThroughputEMA:
-    """Exponential moving average of each worker's throughput (samples/s); NaN until measured."""
-
-    def __init__(self, num_workers: int, alpha: float):
-        self.alpha = alpha
-        self.rates = np.full(num_workers, np.nan)
-
-    def update(self, worker_id: int, rate: float) -> None:
-        old = self.rates[worker_id]
-        self.rates[worker_id] = rate if math.isnan(old) else (1 - self.alpha) * old + self.alpha * rate
-
-    @property
-    def all_measured(self) -> bool:
-        return bool(np.all(np.isfinite(self.rates)))
-
-
-class NodePriorityDeriver:
+class NodePriorityDeriver(Deriver):
     """Turns worker reports into NodeDecisions. Pure: no Ray, no clocks, no I/O."""
 
-    def __init__(self, config: NodePriorityConfig, num_workers: int,
-                 accelerator_types: Sequence[str] | None = None):
-        config.check_workers(num_workers)
-        self.config = config
-        self.num_workers = num_workers
+    name = "node"
+
+    def __init__(self, config: PDMLConfig, num_workers: int, accelerator_types: Sequence[str] | None = None):
+        super().__init__(config, num_workers)
+        self.node_config = cfg = config.node_priority
+        cfg.check_workers(num_workers)
         self.accelerator_types = list(accelerator_types or ["CPU"] * num_workers)
-        self.throughput = ThroughputEMA(num_workers, config.ema_alpha)
-        self.rejected: list[str] = []
-        self.decision = self._decide_from(self.prior_rates(), 0, 0, "prior")
+        self.throughput = EMA(num_workers, cfg.ema_alpha)  # samples/s per worker, NaN until measured
+        self.current = self._decide_from(self.prior_rates(), "prior")
 
     # -- measure ---------------------------------------------------------------------------------
-    def set_accelerator(self, worker_id: int, accelerator_type: str) -> NodeDecision | None:
-        """Record a worker's accelerator type; while still on the prior, re-derive it (new version)."""
+    def on_register(self, worker_id: int, accelerator_type: str) -> None:
+        """Record a worker's accelerator type; while on the prior, the next boundary re-derives it."""
         self.accelerator_types[worker_id] = accelerator_type
-        if self.throughput.all_measured:
-            return None
-        prior = self._decide_from(self.prior_rates(), self.decision.version + 1, self.decision.effective_step, "prior")
-        if prior.batch_sizes == self.decision.batch_sizes:
-            return None
-        self.decision = prior
-        return prior
 
     def prior_rates(self) -> np.ndarray:
         """Relative speeds from the accelerator prior; unknown types count as the median known speed."""
-        table = self.config.accelerator_prior()
+        table = self.node_config.accelerator_prior()
         known = [table[a] for a in self.accelerator_types if a in table]
         fallback = float(np.median(known)) if known else 1.0
         return np.array([table.get(a, fallback) for a in self.accelerator_types], dtype=np.float64)
 
-    def ingest(self, report: WorkerReport) -> str | None:
-        """Fold a report into the estimates; returns why it was rejected, or None if accepted."""
-        problem = report.problem(self.num_workers)
-        if problem is not None:
-            self.rejected.append(problem)
-            log.warning("rejected report: %s", problem)
-            return problem
-        if report.step < self.config.warmup_steps:
-            return None  # warm-up timings are not representative; accepted but not used
-        self.throughput.update(report.worker_id, report.throughput)
-        return None
+    def ingest(self, reports: Sequence[WorkerReport]) -> None:
+        """Fold accepted reports into the throughput estimates (warm-up steps are not representative)."""
+        for r in reports:
+            if r.accelerator_type != self.accelerator_types[r.worker_id]:  # e.g. after a restart
+                self.on_register(r.worker_id, r.accelerator_type)
+            if r.step >= self.node_config.warmup_steps:
+                self.throughput.update(r.worker_id, r.throughput)
 
     # -- derive ----------------------------------------------------------------------------------
     def rates(self) -> tuple[np.ndarray, str]:
         """Current relative rates and where they come from ('measured' or 'prior')."""
         if self.throughput.all_measured:
-            return self.throughput.rates.copy(), "measured"
+            return self.throughput.values.copy(), "measured"
         return self.prior_rates(), "prior"
 
     # -- decide ----------------------------------------------------------------------------------
-    def decide(self, step: int) -> NodeDecision | None:
-        """A new decision effective from ``step`` if it beats the current one by the hysteresis margin."""
-        if not self.config.enabled:
+    def initial(self) -> NodeDecision:
+        return self.current
+
+    def decide(self, boundary: Boundary, earlier: Mapping[str, Decision]) -> NodeDecision | None:
+        """New sizes if they beat the current ones by the hysteresis margin (a changed prior always)."""
+        if not self.node_config.enabled:
             return None
         rates, source = self.rates()
-        candidate = self._decide_from(rates, self.decision.version + 1, step, source)
-        if candidate.batch_sizes == self.decision.batch_sizes:
+        candidate = self._decide_from(rates, source)
+        if candidate.batch_sizes == self.current.batch_sizes:
             return None
-        before = predicted_step_s(self.decision.batch_sizes, rates)
-        after = predicted_step_s(candidate.batch_sizes, rates)
-        if after >= before * (1.0 - self.config.hysteresis):
-            return None  # not worth a switch: keeps sizes from thrashing on measurement noise
-        self.decision = candidate
+        if source == "measured":  # a prior that changed (a worker said its type) is not noise
+            before = predicted_step_s(self.current.batch_sizes, rates)
+            after = predicted_step_s(candidate.batch_sizes, rates)
+            if after >= before * (1.0 - self.node_config.hysteresis):
+                return None  # not worth a switch: keeps sizes from thrashing on measurement noise
+        self.current = candidate
         return candidate
 
-    def _decide_from(self, rates: np.ndarray, version: int, step: int, source: str) -> NodeDecision:
-        cfg = self.config
+    def _decide_from(self, rates: np.ndarray, source: str) -> NodeDecision:
+        """An unstamped decision (version and effective step 0: the scheduler stamps them)."""
+        cfg = self.node_config
         if not cfg.enabled:
             rates = np.ones(self.num_workers)
             source = "uniform (node priorities disabled)"
         shares = rates / rates.sum()
         sizes = round_to_batch_sizes(shares, cfg.global_batch_size, cfg.min_batch, cfg.max_batch)
-        return NodeDecision.from_sizes(version, step, sizes, shares, reason=source)
+        return NodeDecision.from_sizes(0, 0, sizes, shares, reason=source)
+
+    def stats(self) -> NodeStats:
+        rates, source = self.rates()
+        d = self.current
+        return NodeStats(batch_sizes=d.batch_sizes, grad_weights=d.grad_weights, shares=d.shares,
+                         rates=tuple(float(r) for r in rates), rate_source=source,
+                         accelerator_types=tuple(self.accelerator_types))
 
     # -- checkpoint ------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"rates": self.throughput.rates.tolist(), "decision": self.decision.to_dict(),
+    def state_dict(self) -> dict[str, Any]:
+        return {"throughput": self.throughput.state_dict(), "decision": self.current.to_dict(),
                 "accelerator_types": list(self.accelerator_types)}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.throughput.rates = np.asarray(state["rates"], dtype=np.float64)
-        self.decision = NodeDecision.from_dict(state["decision"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.throughput.load_state_dict(state["throughput"])
+        self.current = NodeDecision.from_dict(state["decision"])
         self.accelerator_types = list(state["accelerator_types"])
 
 

@@ -41,8 +41,9 @@ pulled towards their median (O(N), only on a collapse), and the uniform mix is r
 ``recalibration_steps`` steps.
 A collapse seen again while that raised mix holds is counted but not acted on twice.
 
-Wiring (the scheduler owns one instance): each step ``plan(step, decision.batch_sizes)`` gives
-worker i ``indices[i]`` and ``weights[i]`` (loss_i = mean(weights[i] * per_sample_loss), or the
+Wiring: ``SamplePriorityDeriver`` is the scheduler's "sample" deriver around one table. At each
+decision boundary it hands out ``plans(first_step, k, batch_sizes)`` sized by the node decision:
+worker i gets ``indices[i]`` and ``weights[i]`` (loss_i = mean(weights[i] * per_sample_loss), or the
 self-normalised sum(w l) / sum(w)); workers report ``WorkerReport.sample_indices/sample_losses``,
 which go to ``update(indices, losses, step)``; ``state_dict()`` goes into the checkpoint.
 """
@@ -52,16 +53,58 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from pdml_ray.config import ContinuityConfig, SamplePriorityConfig
+from pdml_ray.config import ContinuityConfig, PDMLConfig, SamplePriorityConfig
+from pdml_ray.decisions import Boundary, Decision, NodeDecision, SampleDecision, SamplePlan, WorkerReport
+from pdml_ray.errors import ConfigError, PlanError, ReportError, StateError
+from pdml_ray.priority.base import Deriver, GaugeValue
 from pdml_ray.priority.continuity import ContinuityMonitor, ContinuityVerdict, dot, recalibrate_priorities
+from pdml_ray.priority.estimators import EMA
 from pdml_ray.priority.sumtree import SumTree
-from pdml_ray.telemetry import SamplePlan
 
 _MAX_REJECTION_ROUNDS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class SampleStats:
+    """What the sample table knows: the continuity measures and the sampler's state."""
+
+    normalized_ess: float
+    """(sum p)^2 / (N sum p^2) of the score distribution at the last continuity check (nan before one)."""
+    normalized_entropy: float
+    tie_fraction: float
+    recalibrations: int
+    collapsed_flat: int
+    collapsed_peaked: int
+    continuity_checks: int
+    uniform_mix: float
+    """The uniform mix of the last plans (raised while a recalibration holds)."""
+    beta: float
+    """Importance-weight exponent of the last plan."""
+    seen_fraction: float
+    epoch: float
+    """Samples drawn / N: under priority sampling an epoch is N draws."""
+    uniform_fallbacks: int
+    continuity_seconds: float
+    recalibration_seconds: float
+
+    def summary_lines(self) -> list[str]:
+        return [f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
+                f"epoch {self.epoch:.2f}, uniform mix {self.uniform_mix:.3g}, beta {self.beta:.3g}, "
+                f"recalibrations {self.recalibrations} (flat {self.collapsed_flat}, peaked {self.collapsed_peaked}, "
+                f"of {self.continuity_checks} checks)"]
+
+    def gauges(self) -> list[GaugeValue]:
+        out = [GaugeValue("pdml_continuity_recalibrations", "continuity recalibrations so far", self.recalibrations)]
+        if not math.isnan(self.normalized_ess):
+            out.append(GaugeValue("pdml_sample_normalized_ess", "normalised effective sample size of sample priorities",
+                                  self.normalized_ess))
+        return out
 
 
 class SamplePrioritizer:
@@ -70,13 +113,13 @@ class SamplePrioritizer:
     def __init__(self, num_samples: int, config: SamplePriorityConfig | None = None,
                  continuity: ContinuityConfig | None = None, seed: int = 0) -> None:
         if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
-            raise ValueError(f"SamplePrioritizer needs num_samples >= 1 (the data set size), got {num_samples!r}")
+            raise ConfigError(f"SamplePrioritizer needs num_samples >= 1 (the data set size), got {num_samples!r}")
         self.num_samples = n = int(num_samples)
         self.config = config if config is not None else SamplePriorityConfig()
         self.monitor = ContinuityMonitor(continuity, seed=seed + 1, name="sample priorities") if continuity else None
         self.rng = np.random.default_rng(seed)
-        self.scores = np.zeros(n, dtype=np.float64)          # (N,) valid where seen
-        self.seen = np.zeros(n, dtype=bool)                   # (N,)
+        # (N,) per-sample scores, valid where seen: the newest loss, or an EMA of the losses
+        self._scores = EMA(n, self.config.score_ema if self.config.score == "loss_ema" else 1.0, prior=0.0)
         self.last_step = np.zeros(n, dtype=np.int64)          # (N,) step of the last loss for the sample
         self.tree = SumTree(n, 0.0)                           # s^alpha of seen samples, 0 for unseen
         self._unseen_list = np.arange(n, dtype=np.int64)      # superset of the unseen samples
@@ -97,6 +140,16 @@ class SamplePrioritizer:
         self.recalibration_seconds = 0.0                      # wall time of recalibrations (s), O(N) each
         self._last_mix = self.config.uniform_mix
         self._last_beta = self.config.is_exponent_start
+
+    @property
+    def scores(self) -> np.ndarray:
+        """(N,) float64 scores; meaningful where ``seen``."""
+        return self._scores.values
+
+    @property
+    def seen(self) -> np.ndarray:
+        """(N,) bool: the sample has reported a loss at least once."""
+        return self._scores.measured
 
     # ------------------------------------------------------------------ distribution
     def _weight(self, scores: np.ndarray | float) -> np.ndarray:
@@ -167,7 +220,7 @@ class SamplePrioritizer:
     def _draw_distinct(self, count: int, mix: float) -> np.ndarray:
         """``count`` distinct samples: repeated draws from p, duplicates rejected (``replacement=False``)."""
         if count > self.num_samples:
-            raise ValueError(f"cannot draw {count} distinct samples from {self.num_samples}; "
+            raise ConfigError(f"cannot draw {count} distinct samples from {self.num_samples}; "
                              "set sample_priority.replacement=True or lower the global batch size")
         taken = np.zeros(self.num_samples, dtype=bool)
         chosen = np.empty(0, dtype=np.int64)
@@ -197,9 +250,9 @@ class SamplePrioritizer:
         effect at ``first_step``, and beta is annealed per step."""
         sizes = [int(b) for b in batch_sizes]
         if not sizes or min(sizes) < 0:
-            raise ValueError(f"batch_sizes must be non-negative integers, got {list(batch_sizes)}")
+            raise PlanError(f"batch_sizes must be non-negative integers, got {list(batch_sizes)}")
         if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+            raise PlanError(f"num_steps must be >= 1, got {num_steps}")
         total = sum(sizes)
         mix = self.mix(first_step)
         if self.config.replacement:
@@ -235,9 +288,9 @@ class SamplePrioritizer:
         idx = np.asarray(indices, dtype=np.int64).ravel()
         loss = np.asarray(losses, dtype=np.float64).ravel()
         if idx.shape != loss.shape:
-            raise ValueError(f"update: {idx.size} indices vs {loss.size} losses; pass one loss per index")
+            raise ReportError(f"update: {idx.size} indices vs {loss.size} losses; pass one loss per index")
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
-            raise IndexError(f"update: sample indices must lie in [0, {self.num_samples})")
+            raise ReportError(f"update: sample indices must lie in [0, {self.num_samples}) (positions in the data set)")
         ok = np.isfinite(loss)
         idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
         if idx.size:
@@ -245,14 +298,9 @@ class SamplePrioritizer:
             loss = loss[::-1][first_rev]
             was_seen = self.seen[uniq]
             old = self.scores[uniq]
-            if self.config.score == "loss_ema":
-                a = self.config.score_ema
-                new = np.where(was_seen, (1.0 - a) * old + a * loss, loss)
-            else:
-                new = loss
+            self._scores.update(uniq, loss)
+            new = self.scores[uniq]
             self.seen_sum += float(new.sum() - old[was_seen].sum())
-            self.scores[uniq] = new
-            self.seen[uniq] = True
             self.last_step[uniq] = step
             self.unseen_count -= int(np.count_nonzero(~was_seen))
             self.max_score = max(self.max_score, float(new.max()))
@@ -320,12 +368,14 @@ class SamplePrioritizer:
 
     def _tie_items(self) -> np.ndarray:
         """s^alpha of about 2,048 seen samples at random (the tie count needs no more); all if few are seen."""
+        assert self.monitor is not None  # called by the monitor's own check
         sub = self.monitor.rng.integers(0, self.num_samples, size=4096)
         sub = sub[self.seen[sub]]
         return self.tree.values(sub if sub.size >= 1024 else np.flatnonzero(self.seen))
 
     def _recalibrate(self, verdict: ContinuityVerdict) -> None:
         recal = verdict.recalibration
+        assert recal is not None  # called only for a verdict that asks for one
         seen = np.flatnonzero(self.seen)
         new = recalibrate_priorities(self.scores[seen], recal, self.rng)
         self.scores[seen] = new
@@ -337,26 +387,18 @@ class SamplePrioritizer:
         self.recal_mix, self.recal_until = recal.uniform_mix, recal.until_step
         self.recalibrations += 1
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> SampleStats:
         nan = float("nan")
-        last = self.monitor.last if self.monitor is not None else None
-        m = last.measures if last is not None else None
-        return {
-            "normalized_ess": m.normalized_ess if m else nan,
-            "normalized_entropy": m.normalized_entropy if m else nan,
-            "tie_fraction": m.tie_fraction if m else nan,
-            "recalibrations": float(self.recalibrations),
-            "collapsed_flat": float(self.monitor.collapsed_flat if self.monitor else 0),
-            "collapsed_peaked": float(self.monitor.collapsed_peaked if self.monitor else 0),
-            "continuity_checks": float(self.monitor.checks if self.monitor else 0),
-            "uniform_mix": float(self._last_mix),
-            "beta": float(self._last_beta),
-            "seen_fraction": 1.0 - self.unseen_count / self.num_samples,
-            "epoch": self.samples_drawn / self.num_samples,
-            "uniform_fallbacks": float(self.uniform_fallbacks),
-            "continuity_seconds": self.check_seconds,
-            "recalibration_seconds": self.recalibration_seconds,
-        }
+        mon = self.monitor
+        m = mon.last.measures if mon is not None and mon.last is not None else None
+        return SampleStats(
+            normalized_ess=m.normalized_ess if m else nan, normalized_entropy=m.normalized_entropy if m else nan,
+            tie_fraction=m.tie_fraction if m else nan, recalibrations=self.recalibrations,
+            collapsed_flat=mon.collapsed_flat if mon else 0, collapsed_peaked=mon.collapsed_peaked if mon else 0,
+            continuity_checks=mon.checks if mon else 0, uniform_mix=float(self._last_mix), beta=float(self._last_beta),
+            seen_fraction=1.0 - self.unseen_count / self.num_samples, epoch=self.samples_drawn / self.num_samples,
+            uniform_fallbacks=self.uniform_fallbacks, continuity_seconds=self.check_seconds,
+            recalibration_seconds=self.recalibration_seconds)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -377,10 +419,9 @@ class SamplePrioritizer:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         if int(d["num_samples"]) != self.num_samples:
-            raise ValueError(f"checkpoint has a table of {d['num_samples']} samples, this data set has "
+            raise StateError(f"checkpoint has a table of {d['num_samples']} samples, this data set has "
                              f"{self.num_samples}; sample priorities only resume on the same data set")
-        self.scores = np.array(d["scores"], dtype=np.float64)
-        self.seen = np.array(d["seen"], dtype=bool)
+        self._scores.load_state_dict({"values": d["scores"], "measured": d["seen"]})
         self.last_step = np.array(d["last_step"], dtype=np.int64)
         self.max_score, self.recal_mix, self.recal_until = float(d["max_score"]), float(d["recal_mix"]), int(d["recal_until"])
         self._cursor, self._last_sweep_step = int(d["cursor"]), d["last_sweep_step"]
@@ -396,3 +437,52 @@ class SamplePrioritizer:
             self.monitor.checks, self.monitor.collapsed_flat = int(m["checks"]), int(m["collapsed_flat"])
             self.monitor.collapsed_peaked = int(m["collapsed_peaked"])
             self.monitor.rng.bit_generator.state = m["rng"]
+
+
+class SamplePriorityDeriver(Deriver):
+    """The scheduler's "sample" deriver: one ``SamplePrioritizer`` table, created when rank 0 says the
+    data set size; plans for each decision interval sized by the node decision in force."""
+
+    name = "sample"
+    keep_history = False  # each decision holds a whole interval's plans: too large to keep them all
+
+    def __init__(self, config: PDMLConfig, num_workers: int) -> None:
+        super().__init__(config, num_workers)
+        self.table: SamplePrioritizer | None = None
+
+    def on_dataset(self, num_samples: int) -> None:
+        if self.table is None or self.table.num_samples != num_samples:
+            assert self.config.sample_priority is not None  # the registry builds this deriver only when enabled
+            self.table = SamplePrioritizer(num_samples, self.config.sample_priority, self.config.continuity,
+                                           seed=self.config.seed)
+
+    def ingest(self, reports: Sequence[WorkerReport]) -> None:
+        """All per-sample losses of a report batch go into the table in one update."""
+        if self.table is None or not reports:
+            return
+        feedback = [r for r in reports if r.sample_indices is not None]
+        if feedback:
+            last_step = max(r.step for r in reports)
+            self.table.update(np.concatenate([r.sample_indices for r in feedback]),
+                              np.concatenate([r.sample_losses for r in feedback]), last_step)
+
+    def decide(self, boundary: Boundary, earlier: Mapping[str, Decision]) -> SampleDecision | None:
+        if self.table is None:
+            return None
+        node = earlier.get("node")
+        sizes = node.batch_sizes if isinstance(node, NodeDecision) else boundary.batch_sizes
+        plans = self.table.plans(boundary.first_step, boundary.num_steps, sizes)
+        return SampleDecision(version=0, effective_step=0, plans=tuple(plans))
+
+    def stats(self) -> SampleStats | None:
+        return self.table.stats() if self.table is not None else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"table": self.table.state_dict() if self.table is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        table = state.get("table")
+        if table is not None:
+            self.on_dataset(int(table["num_samples"]))
+            assert self.table is not None
+            self.table.load_state_dict(table)

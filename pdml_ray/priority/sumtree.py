@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pdml_ray.errors import ConfigError, PlanError, ReportError
+
 FANOUT = 16
 _SHIFT = 4  # log2(FANOUT): parent = child >> _SHIFT
 _EXCLUSIVE = np.triu(np.ones((FANOUT, FANOUT)), 1)  # x @ _EXCLUSIVE = exclusive running sums of x's rows
@@ -27,7 +29,7 @@ class SumTree:
 
     def __init__(self, num_items: int, initial: float | np.ndarray = 0.0) -> None:
         if not isinstance(num_items, (int, np.integer)) or num_items < 1:
-            raise ValueError(f"SumTree needs num_items >= 1, got {num_items!r}")
+            raise ConfigError(f"SumTree needs num_items >= 1 (one per sample), got {num_items!r}")
         self.num_items = int(num_items)
         self.depth = 1  # levels below the root
         while FANOUT ** self.depth < self.num_items:
@@ -82,7 +84,7 @@ class SumTree:
         vals = np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape)
         _check_values(vals)
         if idx.min() < 0 or idx.max() >= self.num_items:
-            raise IndexError(f"SumTree.update: indices must lie in [0, {self.num_items})")
+            raise ReportError(f"SumTree.update: indices must lie in [0, {self.num_items}) (positions in the data set)")
         if unique:
             nodes = idx.copy()
         else:
@@ -105,7 +107,7 @@ class SumTree:
         """
         total = self.levels[0][0]
         if not total > 0.0:
-            raise ValueError("SumTree.draw: all scores are 0; set some score > 0 or sample uniformly instead")
+            raise PlanError("SumTree.draw: all scores are 0; set some score > 0 or sample uniformly instead")
         leaf = self._descend(rng.random(count) * total)
         # Rounding can leave a target a hair past the last non-empty child of a node and land on an
         # empty leaf (probability ~1e-16 per draw); draw those again.
@@ -134,4 +136,4 @@ class SumTree:
 
 def _check_values(values: np.ndarray) -> None:
     if values.size and not (np.all(np.isfinite(values)) and values.min() >= 0.0):
-        raise ValueError("SumTree scores must be finite and >= 0 (got a negative, NaN or inf score)")
+        raise ReportError("SumTree scores must be finite and >= 0 (got a negative, NaN or inf score)")

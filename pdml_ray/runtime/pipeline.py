@@ -1,6 +1,6 @@
 """Ray-actor pipeline runtime: stages x replicas of stage actors, driven by a scheduler's plan.
 
-One actor per (stage, replica) holds a copy of that stage (``actors/stage.py`` around
+One actor per (stage, replica) holds a copy of that stage (``pdml_ray.actors.stage`` around
 ``StageWorker``). ``run_step`` asks the scheduler for the step's ``Plan`` and carries it out with the
 same ``Dispatcher`` rule the simulator uses: every idle replica asks the dispatcher for its next
 action, the driver submits it, and a ``ray.wait`` loop ``complete``s actions as they finish.
@@ -15,7 +15,6 @@ Speeds below 1.0 are EMULATED (``pdml_ray.emulation``): the replica sleeps after
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -24,9 +23,9 @@ import ray
 import torch
 from torch import Tensor, nn
 
-from actors.stage import DEFAULT_STAGE_NUM_CPUS, launch_stage
-from pdml_ray.emulation import EMULATION_NOTE
-from pdml_ray.errors import ConfigError, PlanError
+from pdml_ray.actors.stage import DEFAULT_STAGE_NUM_CPUS, launch_stage
+from pdml_ray.emulation import EMULATION_NOTE, check_speed
+from pdml_ray.errors import ConfigError, PlanError, StateError, UsageError
 from pdml_ray.pipeline.dispatch import Dispatcher
 from pdml_ray.pipeline.partition import split_sequential
 from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineScheduler, Plan, validate
@@ -63,7 +62,7 @@ class PipelineRuntime:
                  optimizer: Callable[..., torch.optim.Optimizer] | None = None,
                  num_cpus_per_actor: float = DEFAULT_STAGE_NUM_CPUS, name_prefix: str | None = None) -> None:
         if not ray.is_initialized():
-            raise RuntimeError("PipelineRuntime needs a running Ray cluster: call ray.init() first")
+            raise UsageError("PipelineRuntime needs a running Ray cluster: call ray.init() first")
         self.num_stages = num_stages
         self.replicas: tuple[int, ...] = ((int(replicas_per_stage),) * num_stages
                                           if isinstance(replicas_per_stage, int)
@@ -183,13 +182,14 @@ class PipelineRuntime:
         if action.kind is Kind.FORWARD:
             # The producer's ref is dropped here: the submitted call holds it until it has run.
             x = x_refs[m] if k == 0 else outputs.pop((k - 1, m))
-            call = actor.forward.options(num_returns=2)
+            call: Any = actor.forward.options(num_returns=2)
             out, timing = call.remote(m, x, y_refs[m], scales[m]) if last else call.remote(m, x)
             if not last:
                 outputs[(k, m)] = out
         else:
             grad_output = None if last else input_grads.pop((k + 1, m))
-            grad_input, timing = actor.backward.options(num_returns=2).remote(m, grad_output)
+            backward: Any = actor.backward.options(num_returns=2)
+            grad_input, timing = backward.remote(m, grad_output)
             if k > 0:
                 input_grads[(k, m)] = grad_input
         return timing
@@ -213,14 +213,15 @@ class PipelineRuntime:
 
     def parameters(self, replica: int = 0) -> list[Tensor]:
         """The full model's parameters in ``model.parameters()`` order, taken from ``replica`` of each stage."""
-        per_stage = ray.get([row[min(replica, len(row) - 1)].get_parameters.remote() for row in self._actors])
+        per_stage: list[list[Tensor]] = ray.get([row[min(replica, len(row) - 1)].get_parameters.remote() for row in self._actors])
         return [p for stage in per_stage for p in stage]
 
     def set_parameters(self, params: Sequence[Tensor]) -> None:
         """Load the full model's parameters (``model.parameters()`` order) into every replica; resets optimizers."""
         sizes = self._tensors_per_stage
         if sum(sizes) != len(params):
-            raise ValueError(f"set_parameters got {len(params)} tensors; the model has {sum(sizes)}")
+            raise StateError(f"set_parameters got {len(params)} tensors; the model has {sum(sizes)} "
+                             "(pass them in model.parameters() order)")
         calls, offset = [], 0
         for row, n in zip(self._actors, sizes):
             chunk = ray.put([p.detach().cpu() for p in params[offset:offset + n]])
@@ -231,7 +232,7 @@ class PipelineRuntime:
     def replicas_identical(self) -> bool:
         """True when every replica of every stage holds bitwise the same parameters."""
         for row in self._actors:
-            copies = ray.get([a.get_parameters.remote() for a in row])
+            copies: list[list[Tensor]] = ray.get([a.get_parameters.remote() for a in row])
             if any(not torch.equal(p, q) for c in copies[1:] for p, q in zip(copies[0], c)):
                 return False
         return True
@@ -265,98 +266,5 @@ def _speed_table(speeds: Speeds | None, replicas: tuple[int, ...]) -> dict[tuple
     if unknown:
         raise PlanError(f"speeds name replicas {unknown} that do not exist (replicas per stage {list(replicas)})")
     for key, s in given.items():
-        if not 0.0 < float(s) <= 1.0:
-            raise PlanError(f"speed of stage {key[0]} replica {key[1]} must be in (0, 1] (1.0 = full), got {s!r}")
-        table[key] = float(s)
+        table[key] = check_speed(s, f"speed of stage {key[0]} replica {key[1]}")
     return table
-
-
-# -- benchmark: static schedule vs adaptive, side by side on one runtime ----------------------------
-
-def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", stages: int = 3, replicas: int = 2,
-                      slow_replica_speed: float = 0.5, steps: int | None = None, microbatches: int | None = None,
-                      quick: bool = False, seed: int = 0, *, slow_replica: tuple[int, int] | None = None,
-                      warmup_steps: int = 1, config: Any = None,
-                      num_cpus_per_actor: float = DEFAULT_STAGE_NUM_CPUS) -> dict[str, Any]:
-    """Measure a static schedule against the adaptive one on a real pipeline with one EMULATED slow replica.
-
-    A small MLP is split into ``stages`` stages with ``replicas`` replicas each; replica
-    ``slow_replica`` (default: the last replica of the middle stage) runs at ``slow_replica_speed``.
-    Both schedulers drive the same actors, one step each in turn (ABBA order, so drift and noise
-    fall on both alike), on the same batch per round. The first ``warmup_steps`` rounds (allocator
-    and first-call warm-up) are left out of the medians; the adaptive scheduler's learning steps after
-    that are counted. Uses the running Ray cluster; if none, connects to RAY_ADDRESS when set, else
-    starts a private local instance; stops only what it started.
-    """
-    from statistics import median
-
-    from pdml_ray.pipeline.registry import make_scheduler
-
-    steps = steps if steps is not None else (5 if quick else 12)
-    microbatches = microbatches if microbatches is not None else (8 if quick else 12)
-    if steps < 1 or microbatches < 1 or warmup_steps < 0:
-        raise ValueError(f"need steps >= 1, microbatches >= 1 and warmup_steps >= 0, got "
-                         f"{steps}, {microbatches}, {warmup_steps}")
-    slow = slow_replica if slow_replica is not None else (stages // 2, replicas - 1)
-    # Sized so that one action computes for several milliseconds, above Ray's per-call overhead
-    # (~1-5 ms on a busy 2-core machine), else the slow replica's sleep is lost in that overhead.
-    width, mb_size, in_dim, out_dim = (768, 64, 64, 16) if quick else (1024, 64, 128, 32)
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = [nn.Linear(in_dim, width), nn.Tanh()]
-    for _ in range(2 * stages):  # two equal hidden layers per stage: the split is balanced
-        layers += [nn.Linear(width, width), nn.Tanh()]
-    layers.append(nn.Linear(width, out_dim))
-    model = nn.Sequential(*layers)
-    generator = torch.Generator().manual_seed(seed)
-    batch = microbatches * mb_size
-
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(log_to_driver=False)  # the user's cluster
-        else:
-            # address="local": a fresh private instance, never some other job's cluster on this machine.
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, stages * replicas),
-                     include_dashboard=False, log_to_driver=False)
-    runtime = PipelineRuntime(model, stages, replicas, nn.MSELoss(), lr=0.01, speeds={slow: slow_replica_speed},
-                              num_cpus_per_actor=num_cpus_per_actor)
-    try:
-        names = {"static": static_name, "adaptive": adaptive_name}
-        schedulers = {role: make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches,
-                                           config=config) for role, name in names.items()}
-        results: dict[str, list[StepResult]] = {"static": [], "adaptive": []}
-        for rnd in range(warmup_steps + steps):
-            x = torch.randn(batch, in_dim, generator=generator)
-            y = torch.randn(batch, out_dim, generator=generator)
-            order = ("static", "adaptive") if rnd % 2 == 0 else ("adaptive", "static")
-            for role in order:
-                results[role].append(runtime.run_step(schedulers[role], x, y, len(results[role])))
-        timed = {role: [r.step_time_s for r in rs[warmup_steps:]] for role, rs in results.items()}
-        med = {role: float(median(ts)) for role, ts in timed.items()}
-        # No schedule beats total real compute / cores on one machine: when this floor is near the
-        # static step time, the run is CPU-bound and moving work off the slow replica cannot pay.
-        cores = os.cpu_count() or 1
-        cpu_floor_s = float(median([r.compute_s for r in results["static"][warmup_steps:]])) / cores
-        speeds = {f"s{k}r{r}": s for (k, r), s in sorted(runtime.speeds.items())}
-        return {
-            "static_schedule": static_name, "adaptive_schedule": adaptive_name,
-            "osprey_over_static": med["adaptive"] / med["static"],
-            "static_median_step_s": med["static"], "adaptive_median_step_s": med["adaptive"],
-            "static_step_s": timed["static"], "adaptive_step_s": timed["adaptive"],
-            "cpu_floor_s": cpu_floor_s, "cpu_floor_over_static": cpu_floor_s / med["static"], "local_cores": cores,
-            "note": ("all stage actors share this machine's cores: real compute / cores (cpu_floor_s) bounds every "
-                     "schedule, so the closer cpu_floor_over_static is to 1, the less any re-balancing can gain"),
-            "stages": stages, "replicas": replicas, "microbatches": microbatches, "microbatch_size": mb_size,
-            "steps": steps, "warmup_steps": warmup_steps, "layers_per_stage": runtime.stage_sizes,
-            "model": f"MLP {in_dim}-{width}x{2 * stages + 1}-{out_dim}, Tanh",
-            "speeds": speeds, "slow_replica": f"s{slow[0]}r{slow[1]}",
-            # Micro-batches per replica in the last step: where each schedule put the work.
-            "forward_counts": {role: {f"s{k}r{r}": n for (k, r), n in sorted(rs[-1].forward_counts.items())}
-                               for role, rs in results.items()},
-            "final_loss": {role: rs[-1].loss for role, rs in results.items()},
-            "emulated": runtime.emulation_note(),
-        }
-    finally:
-        runtime.shutdown()
-        if started_ray:
-            ray.shutdown()

@@ -18,7 +18,6 @@ broadcasts what it has, so all ranks adopt a new decision at the same step.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -31,17 +30,33 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pdml_ray.batching import step_slices
+from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
+from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.emulation import emulate_speed
-from pdml_ray.priority.node import step_slices
-from pdml_ray.scheduler import StepBundle
-from pdml_ray.telemetry import NodeDecision, SamplePlan, WorkerReport
-from pdml_ray.train.client import SchedulerClient
+from pdml_ray.errors import UsageError
 from pdml_ray.train.grad_sync import WeightedGradSync
 
 log = logging.getLogger(__name__)
 
 SCHEDULER_STATE_FILE = "pdml_scheduler_state.pkl"
+
+_context: PDMLContext | None = None  # this worker process's context while PDMLTrainer runs the user's loop
+
+
+def get_context() -> PDMLContext:
+    """The pdml-ray context of this Ray Train worker (inside a loop run by ``PDMLTrainer``)."""
+    if _context is None:
+        raise UsageError("pdml_ray.train.get_context() is only available inside a training loop "
+                         "launched by pdml_ray.train.PDMLTrainer")
+    return _context
+
+
+def set_context(context: PDMLContext | None) -> None:
+    """Install (or clear, with None) this process's context; ``PDMLTrainer``'s worker wrapper calls it."""
+    global _context
+    _context = context
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,25 +90,26 @@ class StepScope:
 
     def __enter__(self) -> "StepScope":
         if self.ctx._sync is None:
-            raise RuntimeError("call ctx.prepare_model(model) before the first ctx.step(batch)")
+            raise UsageError("call ctx.prepare_model(model) before the first ctx.step(batch)")
         self.ctx._sync.begin(self.batch.grad_weight)
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        ctx = self.ctx
+        ctx, sync = self.ctx, self.ctx._sync
+        assert sync is not None  # checked in __enter__
         if exc_type is not None:
-            ctx._sync.abort()  # the exception propagates to the user
+            sync.abort()  # the exception propagates to the user
             return
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # kernels are async: time them, not their launch
         # Launching the all-reduce from inside backward (flatten, scale) is communication, not compute:
         # it costs the same at any batch size, and counting it would skew the throughput shares.
-        launch_s = ctx._sync.launch_s
+        launch_s = sync.launch_s
         compute_s = time.perf_counter() - self._t0 - launch_s
         compute_s += emulate_speed(compute_s, ctx.speed)  # the emulated slowdown counts as compute
         t1 = time.perf_counter()
-        ctx._sync.finish()  # buckets already in flight since backward
+        sync.finish()  # buckets already in flight since backward
         wait_s = time.perf_counter() - t1 + launch_s
         ctx._finish_step(self.batch, compute_s, wait_s, self._per_sample)
 
@@ -112,7 +128,9 @@ class PDMLContext:
         self.speed = speeds[rank] if speeds else 1.0
         self.client = client
         self.decision = NodeDecision.uniform(config.node_priority.global_batch_size, world_size)
+        self.versions: dict[str, int] = {"node": self.decision.version}  # newest adopted version per deriver
         self.adopted: list[tuple[int, int, tuple[int, ...]]] = []  # (step, version, batch_sizes)
+        self.stale_bundles = 0  # bundles that arrived after the step they were for (dropped)
         self.global_step = 0
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
@@ -236,9 +254,9 @@ class PDMLContext:
             first = self.global_step == 0  # start-up: may wait briefly, the step has not begun
             bundle = self.client.poll(block_s=10.0 if first else 0.0)
             if first and bundle is None:
-                self.client.request(self.decision.version, 0, k, self.decision.batch_sizes)
+                self.client.request(self._boundary_for(0), self.versions)
                 bundle = self.client.poll(block_s=10.0)
-            if bundle is not None and bundle.decision is None and not bundle.sample_plans:
+            if bundle is not None and not bundle:
                 bundle = None  # nothing new: skip the broadcast of the bundle itself
         if self.world_size > 1:
             # one tiny broadcast says whether anything came; the pickled bundle only travels when it did
@@ -256,21 +274,33 @@ class PDMLContext:
             self._adopt(bundle)
         if self.rank == 0 and self.client is not None:
             # ask now for what the next boundary needs; it has k steps to arrive
-            self.client.request(self.decision.version, self.global_step + k, k, self.decision.batch_sizes)
+            self.client.request(self._boundary_for(self.global_step + k), self.versions)
         dt = time.perf_counter() - t0
         self._step_overhead += dt
         self.overhead_s += dt
 
+    def _boundary_for(self, first_step: int) -> Boundary:
+        return Boundary(first_step, self.config.node_priority.decision_interval, self.decision.batch_sizes)
+
     def _adopt(self, bundle: StepBundle) -> None:
-        if bundle.decision is not None and bundle.decision.version > self.decision.version:
-            bundle.decision.validate(self.config.node_priority.global_batch_size)
-            self.decision = dataclasses.replace(bundle.decision, effective_step=self.global_step)
-            self.adopted.append((self.global_step, self.decision.version, self.decision.batch_sizes))
-            if self.rank == 0:
-                log.info("step %d: adopted %s", self.global_step, self.decision)
-        for plan in bundle.sample_plans:
-            if plan.step >= self.global_step and tuple(len(i) for i in plan.indices) == self.decision.batch_sizes:
-                self._plans[plan.step] = plan
+        """Adopt each decision at exactly the step the scheduler stamped on it; a late one is dropped
+        (the scheduler re-issues it for the next boundary), so both sides' histories agree."""
+        for name, decision in bundle.decisions.items():
+            if decision.effective_step != self.global_step or decision.version <= self.versions.get(name, -1):
+                self.stale_bundles += 1
+                log.debug("step %d: dropped %s (for another step, or not newer)", self.global_step, decision)
+                continue
+            self.versions[name] = decision.version
+            if isinstance(decision, NodeDecision):
+                decision.validate(self.config.node_priority.global_batch_size)
+                self.decision = decision
+                self.adopted.append((self.global_step, decision.version, decision.batch_sizes))
+                if self.rank == 0:
+                    log.info("step %d: adopted %s", self.global_step, decision)
+            elif isinstance(decision, SampleDecision):
+                for plan in decision.plans:
+                    if plan.step >= self.global_step and tuple(len(i) for i in plan.indices) == self.decision.batch_sizes:
+                        self._plans[plan.step] = plan
 
     def _uniform_plan(self, step: int) -> SamplePlan:
         """Fallback when no priority plan arrived in time: uniform draws, identical on every rank."""
@@ -289,7 +319,8 @@ class PDMLContext:
         self.flush()
         state = self.client.call("state_dict")
         with open(os.path.join(directory, SCHEDULER_STATE_FILE), "wb") as f:
-            pickle.dump({"state": state, "decision": self.decision.to_dict(), "global_step": self.global_step}, f)
+            pickle.dump({"state": state, "decision": self.decision.to_dict(), "versions": dict(self.versions),
+                         "global_step": self.global_step}, f)
         return True
 
     def load_scheduler_state(self, directory: str) -> bool:
@@ -303,6 +334,7 @@ class PDMLContext:
         if self.rank == 0 and self.client is not None:
             self.client.call("load_state_dict", saved["state"])
         self.decision = NodeDecision.from_dict(saved["decision"])
+        self.versions = dict(saved.get("versions", {"node": self.decision.version}))
         self.global_step = saved["global_step"]
         return True
 

@@ -15,9 +15,12 @@ strictly in index order on every rank, so collectives always match across ranks.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from pdml_ray.errors import UsageError
 
 
 class WeightedGradSync:
@@ -50,7 +53,7 @@ class WeightedGradSync:
         self._bucket_of = {id(p): k for k, bucket in enumerate(self.buckets) for p in bucket}
         self._weight: float | None = None  # set while a step's backward runs
         self._pending = [0] * len(self.buckets)  # gradients still missing per bucket
-        self._works: list[object] = []  # async all-reduce handles, in bucket order
+        self._works: list[Any] = []  # async all-reduce handles (dist.Work or None), in bucket order
         self.launch_s = 0.0  # seconds this step spent scaling/launching inside backward
         if self.overlap:
             for p in params:
@@ -72,7 +75,7 @@ class WeightedGradSync:
             return  # a backward outside a pdml-ray step: not ours to combine
         k = self._bucket_of[id(p)]
         if self._pending[k] <= 0:
-            raise RuntimeError("a parameter received a second gradient in one step (several backward passes "
+            raise UsageError("a parameter received a second gradient in one step (several backward passes "
                                "inside ctx.step?); accumulate outside the step or use overlap=False")
         self._pending[k] -= 1
         while len(self._works) < len(self.buckets) and self._pending[len(self._works)] == 0:
@@ -85,6 +88,7 @@ class WeightedGradSync:
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():  # replaced (or never set) by the user
                 view.copy_(p.grad) if p.grad is not None else view.zero_()
                 p.grad = view
+        assert self._weight is not None  # launched only between begin() and finish()
         buffer = self.buffers[k].mul_(self._weight)
         self._works.append(dist.all_reduce(buffer, async_op=True) if self.distributed else None)
         self.launch_s += time.perf_counter() - t0
@@ -98,7 +102,7 @@ class WeightedGradSync:
         """Launch what backward did not (unused parameters, or overlap off: same order on every rank)
         and wait for all buckets; ``.grad`` then holds the combined gradient."""
         if self._weight is None:
-            raise RuntimeError("finish() without begin(): the step's gradients were never pointed at the buckets")
+            raise UsageError("finish() without begin(): the step's gradients were never pointed at the buckets")
         for k in range(len(self._works), len(self.buckets)):
             self._launch(k)
         for work in self._works:

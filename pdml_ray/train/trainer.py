@@ -11,24 +11,17 @@ import ray
 import torch
 from ray.exceptions import RayError
 
-from actors.scheduler import get_or_create_scheduler
+from pdml_ray.actors.scheduler import RayTransport, get_or_create_scheduler
+from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
+from pdml_ray.errors import ConfigError
 from pdml_ray.priority.node import accelerator_from_gpu_name, accelerator_from_resources
-from pdml_ray.train.client import SchedulerClient
-from pdml_ray.train.context import PDMLContext
+from pdml_ray.scheduler import SchedulerStats
+from pdml_ray.train.context import PDMLContext, set_context
 
 log = logging.getLogger(__name__)
 
 _CONFIG_KEY = "_pdml"
-_context: PDMLContext | None = None
-
-
-def get_context() -> PDMLContext:
-    """The pdml-ray context of this Ray Train worker (inside a loop run by ``PDMLTrainer``)."""
-    if _context is None:
-        raise RuntimeError("pdml_ray.train.get_context() is only available inside a training loop "
-                           "launched by pdml_ray.train.PDMLTrainer")
-    return _context
 
 
 def detect_accelerator_type(device: torch.device, known: list[str]) -> str:
@@ -44,7 +37,6 @@ def detect_accelerator_type(device: torch.device, known: list[str]) -> str:
 
 def _run_worker(user_loop: Callable, config: dict) -> Any:
     """What every Ray Train worker runs: build the context, then the user's loop."""
-    global _context
     import ray.train
     import ray.train.torch
 
@@ -53,13 +45,14 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     train_ctx = ray.train.get_context()
     device = ray.train.torch.get_device()
     accel = detect_accelerator_type(device, list(pdml_config.node_priority.accelerator_prior()))
-    client = SchedulerClient(pdml_config.scheduler_name, pdml_config.namespace)
-    _context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
+    client = SchedulerClient(RayTransport(pdml_config.scheduler_name, pdml_config.namespace))
+    context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
+    set_context(context)
     try:
         return user_loop(config) if _takes_config(user_loop) else user_loop()
     finally:
-        _context.flush()
-        _context = None
+        context.flush()
+        set_context(None)
 
 
 def _takes_config(fn: Callable) -> bool:
@@ -73,7 +66,8 @@ class PDMLResult:
     """Ray Train's result plus what the scheduler saw: final decision, rates, telemetry columns."""
 
     train_result: Any
-    scheduler_stats: dict
+    scheduler_stats: SchedulerStats | None
+    """The scheduler's typed stats at the end (None if the scheduler was lost)."""
     decisions: list
     telemetry: dict
     scheduler_state: dict
@@ -95,11 +89,12 @@ class PDMLTrainer:
         self.loop = train_loop_per_worker
         self.loop_config = dict(train_loop_config or {})
         if _CONFIG_KEY in self.loop_config:
-            raise ValueError(f"train_loop_config key {_CONFIG_KEY!r} is reserved for pdml-ray")
+            raise ConfigError(f"train_loop_config key {_CONFIG_KEY!r} is reserved for pdml-ray; rename that key")
         self.scaling_config = scaling_config or ScalingConfig(num_workers=1)
         self.run_config = run_config
         self.pdml_config = pdml_config or PDMLConfig()
-        self.pdml_config.node_priority.check_workers(self.scaling_config.num_workers)
+        self.num_workers = int(self.scaling_config.num_workers)  # type: ignore[arg-type]  # an int in PDMLTrainer
+        self.pdml_config.node_priority.check_workers(self.num_workers)
         self.keep_scheduler = keep_scheduler
         self.scheduler = None  # the scheduler actor's handle after fit() when keep_scheduler=True
         self.kwargs = torch_trainer_kwargs
@@ -107,8 +102,7 @@ class PDMLTrainer:
     def fit(self) -> PDMLResult:
         from ray.train.torch import TorchTrainer
 
-        num_workers = self.scaling_config.num_workers
-        scheduler = get_or_create_scheduler(self.pdml_config, num_workers)
+        scheduler = get_or_create_scheduler(self.pdml_config, self.num_workers)
         ray.get(scheduler.ping.remote())
         loop = self.loop
         config = {**self.loop_config, _CONFIG_KEY: {"config": self.pdml_config.to_dict()}}
@@ -122,7 +116,7 @@ class PDMLTrainer:
                     scheduler.telemetry.remote(), scheduler.state_dict.remote()], timeout=60)
             except RayError as e:  # the scheduler died for good: the training result still stands
                 log.warning("scheduler state lost at the end of the run: %s", e)
-                stats, decisions, telemetry, state = {}, [], {}, {}
+                stats, decisions, telemetry, state = None, [], {}, {}
         finally:
             if self.keep_scheduler:
                 self.scheduler = scheduler  # holding the handle keeps the (non-detached) actor alive

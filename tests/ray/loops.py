@@ -22,7 +22,7 @@ def checking_loop(config):
     model = ctx.prepare_model(make_mlp(64, 2048, 4, depth=2, seed=1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     reference = make_mlp(64, 2048, 4, depth=2, seed=1)
-    grad_checks, sizes_seen, steps_done, window_rates = [], [], 0, []
+    grad_checks, sizes_seen, steps_done, window_rates, history = [], [], 0, [], []
     kill_at = config.get("kill_at", KILL_AT)
     for batch in ctx.epoch(0, len(x)):
         with ctx.step(batch) as step:
@@ -43,13 +43,14 @@ def checking_loop(config):
         optimizer.zero_grad()
         steps_done += 1
         if ctx.rank == 0 and kill_at - 14 <= batch.step <= kill_at:
-            window_rates.append(ctx.client.call("stats")["rates"])  # the scheduler's view, step by step
+            window_rates.append(list(ctx.client.call("stats").derivers["node"].rates))  # the scheduler's view, step by step
         if batch.step == kill_at and ctx.rank == 0:
+            history = ctx.client.call("decision_history")  # the scheduler's record, before it dies
             ray.kill(ray.get_actor(ctx.config.scheduler_name, namespace=ctx.config.namespace), no_restart=True)
     if ctx.rank == 0:
         with open(config["out"], "w") as f:
             json.dump({"grad_checks": grad_checks, "sizes": sizes_seen, "steps_done": steps_done,
-                       "window_rates": window_rates,
+                       "window_rates": window_rates, "history": history,
                        "adopted": ctx.adopted, "client_failures": ctx.client.failures}, f)
 
 

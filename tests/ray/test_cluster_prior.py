@@ -11,8 +11,8 @@ import ray
 import ray.train
 from ray.cluster_utils import Cluster
 
+from pdml_ray.batching import round_to_batch_sizes
 from pdml_ray.config import DEFAULT_ACCELERATOR_PRIOR, NodePriorityConfig, PDMLConfig
-from pdml_ray.priority.node import round_to_batch_sizes
 from pdml_ray.train import PDMLTrainer
 
 from loops import first_step_loop

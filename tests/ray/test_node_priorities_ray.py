@@ -56,6 +56,15 @@ def test_shares_settle_near_the_speed_ratio(run):
     assert 0.25 <= shares[1] / shares[0] <= 0.44, shares.tolist()
 
 
+def test_workers_run_exactly_the_decisions_the_scheduler_stamped(run):
+    _, out = run
+    stamped = {(d["version"], d["effective_step"]): tuple(d["batch_sizes"]) for d in out["history"]}
+    before_kill = [a for a in out["adopted"] if a[0] <= KILL_AT]
+    assert len(before_kill) >= 2, out["adopted"]
+    for step, version, sizes in before_kill:
+        assert stamped.get((version, step)) == tuple(sizes), (step, version, sizes, out["history"])
+
+
 def test_training_survives_the_scheduler_dying(run):
     result, out = run
     assert out["steps_done"] == STEPS
@@ -63,4 +72,4 @@ def test_training_survives_the_scheduler_dying(run):
     # a bundle computed before the kill may still land at the next boundary; after that nothing can
     settled = out["sizes"][KILL_AT + 2 * 4]
     assert all(s == settled for s in out["sizes"][KILL_AT + 2 * 4:])
-    assert result.scheduler_stats == {}  # its state is gone, the training result is not
+    assert result.scheduler_stats is None  # its state is gone, the training result is not

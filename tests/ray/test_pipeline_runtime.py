@@ -14,7 +14,8 @@ from torch import nn
 from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.plan import Kind
 from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
-from pdml_ray.runtime.pipeline import PipelineRuntime, compare_schedules
+from pdml_ray.bench.pipeline_actors import compare_schedules
+from pdml_ray.runtime.pipeline import PipelineRuntime
 
 pytestmark = pytest.mark.ray
 

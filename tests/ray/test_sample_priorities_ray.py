@@ -60,7 +60,7 @@ def test_the_sample_table_survives_a_checkpoint(run):
         saved = pickle.load(f)
     restored = Scheduler(config, 2)
     restored.load_state_dict(saved["state"])
-    table = restored.sample_priorities
+    table = restored.derivers["sample"].table
     assert table is not None and table.num_samples == N
     assert table.scores[:HARD].mean() > 2 * table.scores[HARD:].mean()
-    assert "sample_priority" in result.scheduler_stats
+    assert "sample" in result.scheduler_stats.derivers

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from pdml_ray.errors import UsageError
 from pdml_ray.train.grad_sync import WeightedGradSync
 
 
@@ -46,7 +47,7 @@ def test_a_second_backward_in_one_step_is_an_error(gloo):
     x = torch.randn(4, 8)
     sync.begin(1.0)
     model(x).sum().backward()
-    with pytest.raises(RuntimeError, match="second gradient"):
+    with pytest.raises(UsageError, match="second gradient"):
         model(x).sum().backward()
     sync.abort()
 
@@ -66,7 +67,7 @@ def test_gradients_accumulate_in_place_into_the_bucket_buffers(gloo):
 
 def test_finish_without_begin_is_an_error(gloo):
     sync = WeightedGradSync(list(_model().parameters()))
-    with pytest.raises(RuntimeError, match="without begin"):
+    with pytest.raises(UsageError, match="without begin"):
         sync.finish()
 
 

@@ -7,10 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdml_ray.config import NodePriorityConfig
-from pdml_ray.priority.node import (NodePriorityDeriver, accelerator_from_gpu_name, accelerator_from_resources,
-                                    predicted_step_s, round_to_batch_sizes, step_slices)
-from pdml_ray.telemetry import NodeDecision, WorkerReport
+from pdml_ray.batching import predicted_step_s, round_to_batch_sizes, step_slices
+from pdml_ray.config import NodePriorityConfig, PDMLConfig
+from pdml_ray.decisions import Boundary, NodeDecision, WorkerReport
+from pdml_ray.errors import PlanError
+from pdml_ray.priority.node import NodePriorityDeriver, accelerator_from_gpu_name, accelerator_from_resources
+
+
+def _deriver(cfg: NodePriorityConfig, n: int, types=None) -> NodePriorityDeriver:
+    return NodePriorityDeriver(PDMLConfig(node_priority=cfg), n, types)
+
+
+def _decide(deriver, step):
+    return deriver.decide(Boundary(step, 1, deriver.current.batch_sizes), {})
 
 
 @st.composite
@@ -55,9 +64,9 @@ def test_floors_and_caps_redistribute():
 
 
 def test_impossible_bounds_raise():
-    with pytest.raises(ValueError, match="cannot split"):
+    with pytest.raises(PlanError, match="cannot split"):
         round_to_batch_sizes([1, 1], 10, min_batch=6)
-    with pytest.raises(ValueError, match="shares"):
+    with pytest.raises(PlanError, match="shares"):
         round_to_batch_sizes([0, 0], 10)
 
 
@@ -68,9 +77,8 @@ def _report(worker, step, samples, seconds, **kw):
 def _feed(deriver, rates, steps, batch):
     decisions = []
     for step in range(steps):
-        for w, r in enumerate(rates):
-            deriver.ingest(_report(w, step, batch, batch / r))
-        d = deriver.decide(step + 1)
+        deriver.ingest([_report(w, step, batch, batch / r) for w, r in enumerate(rates)])
+        d = _decide(deriver, step + 1)
         if d is not None:
             decisions.append(d)
     return decisions
@@ -78,87 +86,67 @@ def _feed(deriver, rates, steps, batch):
 
 def test_shares_follow_measured_throughput():
     cfg = NodePriorityConfig(global_batch_size=1000, warmup_steps=0, hysteresis=0.0)
-    deriver = NodePriorityDeriver(cfg, 3)
+    deriver = _deriver(cfg, 3)
     _feed(deriver, [300.0, 200.0, 500.0], steps=3, batch=100)
-    assert deriver.decision.batch_sizes == (300, 200, 500)
-    assert deriver.decision.grad_weights == pytest.approx((0.3, 0.2, 0.5))
-    assert deriver.decision.reason == "measured"
+    assert deriver.current.batch_sizes == (300, 200, 500)
+    assert deriver.current.grad_weights == pytest.approx((0.3, 0.2, 0.5))
+    assert deriver.current.reason == "measured"
 
 
 def test_prior_is_used_before_measurements_and_unknown_types_fall_back():
     cfg = NodePriorityConfig(global_batch_size=132, prior={"MYCHIP": 2.0})
-    deriver = NodePriorityDeriver(cfg, 3, ["H100", "A100", "MYCHIP"])
+    deriver = _deriver(cfg, 3, ["H100", "A100", "MYCHIP"])
     rates = deriver.prior_rates()
     assert rates.tolist() == [1.0, 0.32, 2.0]
-    assert deriver.decision.reason == "prior"
-    assert deriver.decision.batch_sizes == tuple(round_to_batch_sizes(rates, 132).tolist())
+    assert deriver.current.reason == "prior"
+    assert deriver.current.batch_sizes == tuple(round_to_batch_sizes(rates, 132).tolist())
     # a partially measured cluster still runs on the prior
-    deriver.ingest(_report(0, 5, 10, 0.01))
+    deriver.ingest([_report(0, 5, 10, 0.01)])
     assert deriver.rates()[1] == "prior"
-    odd = NodePriorityDeriver(NodePriorityConfig(global_batch_size=10), 2, ["H100", "weird"])
+    odd = _deriver(NodePriorityConfig(global_batch_size=10), 2, ["H100", "weird"])
     assert odd.prior_rates().tolist() == [1.0, 1.0]
 
 
-def test_set_accelerator_rederives_the_prior_with_a_new_version():
-    deriver = NodePriorityDeriver(NodePriorityConfig(global_batch_size=100), 2)
-    assert deriver.decision.batch_sizes == (50, 50)
-    d = deriver.set_accelerator(0, "H100")
-    assert d is not None and d.version == 1 and d.batch_sizes[0] > 90
+def test_a_registered_accelerator_rederives_the_prior_at_the_next_boundary_without_hysteresis():
+    deriver = _deriver(NodePriorityConfig(global_batch_size=100, hysteresis=0.99), 2)
+    assert deriver.current.batch_sizes == (50, 50)
+    deriver.on_register(0, "H100")
+    d = _decide(deriver, 0)
+    assert d is not None and d.reason == "prior" and d.batch_sizes[0] > 90
+    assert _decide(deriver, 5) is None  # nothing changed since
 
 
 def test_hysteresis_keeps_sizes_on_small_gains():
     cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.1)
-    deriver = NodePriorityDeriver(cfg, 2)
+    deriver = _deriver(cfg, 2)
     _feed(deriver, [104.0, 96.0], steps=4, batch=50)  # balanced sizes cut the step by ~4% < 10%
-    assert deriver.decision.batch_sizes == (50, 50)
+    assert deriver.current.batch_sizes == (50, 50)
     switched = _feed(deriver, [150.0, 50.0], steps=6, batch=50)  # now a 33% gain: switch
-    assert switched and abs(deriver.decision.batch_sizes[0] - 75) <= 2
+    assert switched and abs(deriver.current.batch_sizes[0] - 75) <= 2
     # once close, further 1-sample moves gain < 10%: no thrashing
     assert _feed(deriver, [150.0, 50.0], steps=20, batch=50) == []
 
 
 def test_floors_caps_hold_in_decisions():
     cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.0, min_batch=10, max_batch=60)
-    deriver = NodePriorityDeriver(cfg, 3)
+    deriver = _deriver(cfg, 3)
     _feed(deriver, [1000.0, 1.0, 1.0], steps=3, batch=30)
-    assert deriver.decision.batch_sizes == (60, 20, 20)
+    assert deriver.current.batch_sizes == (60, 20, 20)
 
 
 def test_warmup_reports_do_not_move_shares():
     cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=3, hysteresis=0.0)
-    deriver = NodePriorityDeriver(cfg, 2)
+    deriver = _deriver(cfg, 2)
     for step in range(3):
-        deriver.ingest(_report(0, step, 50, 0.01))
-        deriver.ingest(_report(1, step, 50, 1.0))
-    assert deriver.decide(3) is None and deriver.decision.batch_sizes == (50, 50)
-
-
-@pytest.mark.parametrize("bad, why", [
-    (dict(compute_s=float("nan")), "compute_s"),
-    (dict(compute_s=-1.0), "compute_s"),
-    (dict(compute_s=0.0), "compute_s"),
-    (dict(samples=0), "samples"),
-    (dict(worker_id=7), "unknown worker"),
-    (dict(wait_s=float("inf")), "wait_s"),
-])
-def test_bad_reports_are_rejected_and_do_not_move_shares(bad, why):
-    cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.0)
-    deriver = NodePriorityDeriver(cfg, 2)
-    _feed(deriver, [100.0, 100.0], steps=2, batch=50)
-    before = deriver.throughput.rates.copy()
-    fields = dict(worker_id=0, step=5, samples=50, compute_s=0.5)
-    fields.update(bad)
-    reason = deriver.ingest(WorkerReport(**fields))
-    assert reason is not None and why in reason
-    assert np.array_equal(deriver.throughput.rates, before)
-    assert deriver.rejected[-1] == reason
+        deriver.ingest([_report(0, step, 50, 0.01), _report(1, step, 50, 1.0)])
+    assert _decide(deriver, 3) is None and deriver.current.batch_sizes == (50, 50)
 
 
 def test_disabled_keeps_uniform_shares():
     cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, enabled=False)
-    deriver = NodePriorityDeriver(cfg, 2, ["H100", "A100"])
+    deriver = _deriver(cfg, 2, ["H100", "A100"])
     _feed(deriver, [500.0, 10.0], steps=3, batch=50)
-    assert deriver.decision.batch_sizes == (50, 50)
+    assert deriver.current.batch_sizes == (50, 50)
 
 
 def test_predicted_step_time_is_the_slowest_worker():
@@ -198,10 +186,10 @@ def test_decision_validation_and_round_trip():
     d.validate(8)
     assert NodeDecision.from_dict(d.to_dict()) == d
     assert "v3" in str(d)
-    with pytest.raises(ValueError, match="sum to 8"):
+    with pytest.raises(PlanError, match="sum to 8"):
         d.validate(9)
     broken = NodeDecision(version=1, effective_step=0, batch_sizes=(6, 2), grad_weights=(0.5, 0.5), shares=(0.5, 0.5))
-    with pytest.raises(ValueError, match="weight"):
+    with pytest.raises(PlanError, match="weight"):
         broken.validate()
 
 
@@ -218,9 +206,10 @@ def test_accelerator_detection():
 
 def test_state_round_trip():
     cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.0)
-    a = NodePriorityDeriver(cfg, 2)
+    a = _deriver(cfg, 2)
     _feed(a, [300.0, 100.0], steps=2, batch=50)
-    b = NodePriorityDeriver(cfg, 2)
+    b = _deriver(cfg, 2)
     b.load_state_dict(a.state_dict())
-    assert b.decision == a.decision and np.allclose(b.throughput.rates, a.throughput.rates)
-    assert not math.isnan(b.throughput.rates[0])
+    assert b.current == a.current and np.allclose(b.throughput.values, a.throughput.values)
+    assert b.throughput.all_measured and not math.isnan(b.throughput.values[0])
+    assert b.stats() == a.stats()

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
-from pdml_ray.errors import ConfigError, PlanError
-from pdml_ray.pipeline.auto import AutoScheduler, latency_dispersion
-from pdml_ray.pipeline.osprey import OspreyScheduler
+from pdml_ray.errors import ConfigError, PlanError, StateError
+from pdml_ray.pipeline.auto import AutoDecision, AutoScheduler, latency_dispersion
+from pdml_ray.pipeline.osprey import OspreyDecision, OspreyScheduler
 from pdml_ray.pipeline.plan import Kind, Measurement, validate
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
 from pdml_ray.pipeline.replay import RecordingScheduler, replay, replay_step
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, simulate_schedule
 
@@ -22,11 +22,25 @@ def test_ema_first_measurement_replaces_prior_then_blends() -> None:
     o = OspreyScheduler(stages=1, replicas=(2,), microbatches=2, config=OspreyConfig(ema_alpha=0.25, stale_relax=0.5))
     o.observe([Measurement(0, 0, F, 0, 2.0), Measurement(0, 0, F, 1, 4.0), Measurement(0, 0, B, 0, 6.0),
                Measurement(0, 1, F, 0, 1.0), Measurement(0, 1, B, 0, 2.0)])
-    assert o.est[0][0] == [3.0, 6.0] and o.est[0][1] == [1.0, 2.0]
+    assert o.est[0][0] == (3.0, 6.0) and o.est[0][1] == (1.0, 2.0)
     o.observe([Measurement(0, 0, F, 0, 7.0), Measurement(0, 0, B, 0, 10.0)])
-    assert o.est[0][0] == [0.75 * 3.0 + 0.25 * 7.0, 0.75 * 6.0 + 0.25 * 10.0]
+    assert o.est[0][0] == (0.75 * 3.0 + 0.25 * 7.0, 0.75 * 6.0 + 0.25 * 10.0)
     # Replica 1 was not measured: it moves half way (stale_relax) towards the stage's fastest estimate.
-    assert o.est[0][1] == [1.0, 2.0]  # it is the fastest, so it stays
+    assert o.est[0][1] == (1.0, 2.0)  # it is the fastest, so it stays
+    # The estimates live in the project's EMA; ``est`` is its python-float view.
+    assert o.latency.values.tolist() == [list(c) for c in o.est[0]] and o.latency.measured.all()
+
+
+def test_stale_relax_writes_into_the_ema() -> None:
+    o = OspreyScheduler(stages=2, replicas=(2, 1), microbatches=2, config=OspreyConfig(ema_alpha=0.5, stale_relax=0.5))
+    o.observe([Measurement(0, 0, F, 0, 2.0), Measurement(0, 0, B, 0, 4.0), Measurement(0, 1, F, 0, 4.0),
+               Measurement(0, 1, B, 0, 8.0), Measurement(1, 0, F, 0, 1.0), Measurement(1, 0, B, 0, 2.0)])
+    o.observe([Measurement(0, 0, F, 0, 2.0), Measurement(0, 0, B, 0, 4.0)])  # replica (0, 1) idle this step
+    assert o.est[0][1] == (4.0 + 0.5 * (2.0 - 4.0), 8.0 + 0.5 * (4.0 - 8.0))
+    assert o.latency.values[1].tolist() == [3.0, 6.0]  # slot of (stage 0, replica 1)
+    # Stage 1's slot follows stage 0's two; the next measurement blends from the relaxed value.
+    o.observe([Measurement(0, 1, F, 0, 5.0), Measurement(0, 1, B, 0, 10.0)])
+    assert o.est[0][1] == (0.5 * 3.0 + 0.5 * 5.0, 0.5 * 6.0 + 0.5 * 10.0) and o.est[1][0] == (1.0, 2.0)
 
 
 def test_slow_replica_gets_fewer_microbatches_and_weights_follow_speed() -> None:
@@ -36,9 +50,10 @@ def test_slow_replica_gets_fewer_microbatches_and_weights_follow_speed() -> None
     counts = [sum(1 for a in o.plan(2).orders[(1, r)] if a.kind is F) for r in range(2)]
     assert counts[1] < counts[0] and sum(counts) == 12
     # Lane 0 = the fast replicas, period 3 s; lane 1 holds the slow one, period 6 s: shares 2/3 and 1/3.
-    assert o.last_decision["lane_period_s"] == pytest.approx([3.0, 6.0])
-    assert o.weights == pytest.approx([2 / 3, 1 / 3])
-    assert o.last_decision["lane_bottleneck_stage"][1] == 1
+    assert o.last_decision.lane_period_s == pytest.approx((3.0, 6.0))
+    assert o.weights == pytest.approx([2 / 3, 1 / 3]) and o.last_decision.weights == tuple(o.weights)
+    assert o.last_decision.lane_bottleneck_stage[1] == 1 and o.last_decision.bottleneck_stage == 1
+    assert o.last_decision.chosen in dict(o.last_decision.predicted_makespan_s)
 
 
 def test_momentum_and_rebalance_threshold() -> None:
@@ -52,7 +67,7 @@ def test_momentum_and_rebalance_threshold() -> None:
     sticky = OspreyScheduler(stages=1, replicas=(2,), microbatches=4, config=OspreyConfig(rebalance_threshold=0.2))
     sticky.observe([Measurement(0, 0, F, 0, 1.0), Measurement(0, 1, F, 0, 1.0)])
     sticky.observe([Measurement(0, 1, F, 0, 1.3)])
-    assert sticky.weights == pytest.approx([0.5, 0.5]) and sticky.last_decision["rebalanced"] is False
+    assert sticky.weights == pytest.approx([0.5, 0.5]) and sticky.last_decision.rebalanced is False
 
 
 def test_warm_start_is_the_static_plan_with_reordering() -> None:
@@ -85,31 +100,31 @@ def test_memory_limit_never_exceeded(limit: int) -> None:
 
 def test_auto_chooses_static_on_a_uniform_cluster() -> None:
     auto = AutoScheduler(stages=4, replicas=(2,) * 4, microbatches=16)
-    assert auto.last_decision["choice"] == "static" and "no measurements" in auto.last_decision["reason"]
+    assert auto.last_decision.choice == "static" and "no measurements" in auto.last_decision.reason
     simulate_schedule(auto, PipelineSimulator(ClusterProfile.build(4, 2)), 2)
     d = auto.last_decision
-    assert d["choice"] == "static" and d["dispersion"] == 0.0
-    assert d["predicted_static_bubble"] == pytest.approx(3 / 11)  # 1F1B, 8 micro-batches per lane
+    assert d.choice == "static" and d.dispersion == 0.0
+    assert d.predicted_static_bubble == pytest.approx(3 / 11)  # 1F1B, 8 micro-batches per lane
     assert auto.plan(2).schedule == "1f1b"
 
 
 def test_auto_chooses_osprey_on_dispersion_and_on_bubble() -> None:
     hetero = AutoScheduler(stages=4, replicas=(2,) * 4, microbatches=16)
     simulate_schedule(hetero, PipelineSimulator(ClusterProfile.build(4, 2, speeds=((1, 1), (1, 0.5), (1, 1), (1, 1)))), 2)
-    assert hetero.last_decision["choice"] == "osprey" and "dispersion" in hetero.last_decision["reason"]
+    assert hetero.last_decision.choice == "osprey" and "dispersion" in hetero.last_decision.reason
     assert hetero.plan(2).schedule == "osprey"
     # One replica per stage, 8 stages, 4 micro-batches: 1F1B's bubble is 7/11 > 30%.
     bubbly = AutoScheduler(stages=8, replicas=(1,) * 8, microbatches=4)
     simulate_schedule(bubbly, PipelineSimulator(ClusterProfile.build(8, 1)), 2)
-    assert bubbly.last_decision["choice"] == "osprey" and "bubble" in bubbly.last_decision["reason"]
-    assert bubbly.last_decision["predicted_static_bubble"] == pytest.approx(7 / 11)
+    assert bubbly.last_decision.choice == "osprey" and "bubble" in bubbly.last_decision.reason
+    assert bubbly.last_decision.predicted_static_bubble == pytest.approx(7 / 11)
 
 
 def test_latency_dispersion_is_coefficient_of_variation() -> None:
     assert latency_dispersion([[[1.0, 2.0], [2.0, 4.0]], [[1.0, 1.0]]]) == pytest.approx(1.5 / 4.5)
 
 
-@pytest.mark.parametrize("name", ["osprey", "auto", "critical-path"])
+@pytest.mark.parametrize("name", ["osprey", "auto", "critical-path", "1f1b", "gpipe"])
 def test_replay_reproduces_every_plan_exactly(name: str) -> None:
     config = PipelineConfig(memory_limit=3)
     scheduler = make_scheduler(name, stages=3, replicas=2, microbatches=8, config=config)
@@ -121,6 +136,12 @@ def test_replay_reproduces_every_plan_exactly(name: str) -> None:
     assert [p.to_dict() for p in plans] == [r["plan"] for r in log["steps"]]
     assert replay_step(log, 3).to_dict() == log["steps"][3]["plan"]
     assert all("measurements" in r and "decision" in r for r in log["steps"])
+    decisions = [r["decision"] for r in log["steps"]]
+    if name in ("osprey", "auto"):  # the logged records come back as the scheduler's own
+        record = {"osprey": OspreyDecision, "auto": AutoDecision}[name]
+        assert [record.from_dict(d).to_dict() for d in decisions] == decisions
+    else:
+        assert decisions == [None] * 5 and scheduler.last_decision is None
     # A tampered measurement changes later plans, and replay says where.
     if name == "osprey":
         log["steps"][1]["measurements"][0][4] *= 50.0
@@ -154,3 +175,86 @@ def test_replay_log_survives_a_file_round_trip(tmp_path) -> None:
     log = load(tmp_path / "log.json")
     assert log["header"]["config"]["osprey"]["momentum"] == 0.3
     assert [p.to_dict() for p in replay(log)] == [r["plan"] for r in log["steps"]]
+
+
+def _decisions_over_a_run(replicas: tuple[int, ...]) -> list:
+    """Every record osprey and auto hold over a short run: warm start, after observe, after plan."""
+    config = PipelineConfig(memory_limit=3)
+    profile = ClusterProfile.build(3, replicas, profile="noisy", memory_limit=3)
+    out = []
+    for name in ("osprey", "auto"):
+        s = make_scheduler(name, stages=3, replicas=replicas, microbatches=7, config=config)
+        sim = PipelineSimulator(profile, seed=1)
+        out.append(s.last_decision)
+        for step in range(3):
+            result = sim.run_step(s.plan(step), step)
+            out.append(s.last_decision)
+            s.observe(result.measurements)
+            out.append(s.last_decision)
+    return out
+
+
+@pytest.mark.parametrize("replicas", [(2, 2, 2), (1, 2, 1)])  # with lanes, and without (unequal counts)
+def test_decision_records_round_trip_through_json(replicas: tuple[int, ...]) -> None:
+    import dataclasses
+
+    records = _decisions_over_a_run(replicas)
+    assert {type(r) for r in records} == {OspreyDecision, AutoDecision}
+    for r in records:
+        assert type(r).from_dict(json.loads(json.dumps(r.to_dict()))) == r
+        for value in (getattr(r, f.name) for f in dataclasses.fields(r)):
+            assert not isinstance(value, (list, dict))  # frozen all the way down: tuples
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(r, dataclasses.fields(r)[0].name, None)
+    osprey = [r for r in records if isinstance(r, OspreyDecision)]
+    assert osprey[0].to_dict() == {"kind": "warm-start", "warm_start": "1f1b"}
+    planned = osprey[-2].to_dict()  # after an adaptive plan: every group, in the documented order
+    lanes = ["lanes", "lane_period_s", "lane_bottleneck_stage", "target_weights", "weights", "rebalanced"]
+    assert list(planned) == ["kind", "step", "stage_loads_s", "bottleneck_stage"] + (lanes if replicas[0] == 2 else []) + \
+        ["predicted_makespan_s", "chosen", "lane_microbatches"]
+    assert (planned["lane_microbatches"] is None) == (replicas[1] != replicas[0])
+    assert list(planned["predicted_makespan_s"])[-1] == "warm-start" and planned["chosen"] in planned["predicted_makespan_s"]
+    auto = [r for r in records if isinstance(r, AutoDecision)]
+    assert list(auto[0].to_dict()) == ["choice", "schedule", "reason"]
+    assert list(auto[-1].to_dict()) == ["choice", "schedule", "reason", "dispersion", "predicted_static_bubble"]
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_every_scheduler_implements_the_whole_protocol(name: str) -> None:
+    config = PipelineConfig(memory_limit=2)
+    a = make_scheduler(name, stages=2, replicas=(2, 1), microbatches=5, config=config)
+    sim = PipelineSimulator(ClusterProfile.build(2, (2, 1), profile="heterogeneous", memory_limit=2))
+    for step in range(2):
+        a.observe(sim.run_step(a.plan(step), step).measurements)
+    assert a.name == name
+    assert (a.last_decision is None) == (name in ("gpipe", "1f1b", "critical-path"))
+    # A fresh scheduler loaded with the state (through JSON) plans exactly the same, decides the same.
+    b = make_scheduler(name, stages=2, replicas=(2, 1), microbatches=5, config=config)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert b.plan(2) == a.plan(2) and b.last_decision == a.last_decision
+
+
+def test_replay_refuses_a_log_that_does_not_fit() -> None:
+    config = PipelineConfig(memory_limit=2)
+    rec = RecordingScheduler(make_scheduler("osprey", stages=2, replicas=2, microbatches=4, config=config),
+                             stages=2, replicas=2, microbatches=4, config=config)
+    simulate_schedule(rec, PipelineSimulator(ClusterProfile.build(2, 2, profile="noisy", memory_limit=2)), 3)
+    log = json.loads(rec.to_json())
+    with pytest.raises(StateError, match="step record 7 is not in the log, which has 3; pass 0..2"):
+        replay_step(log, 7)
+    wider = json.loads(rec.to_json())
+    wider["header"]["replicas"] = [3, 2]  # the logged estimates have 4 replica slots, this shape 5
+    with pytest.raises(StateError, match=r"shape \(4, 2\).*needs \(5, 2\).*same stages and replicas"):
+        replay_step(wider, 1)
+    static = json.loads(rec.to_json())
+    static["header"]["schedule"] = "critical-path"  # osprey's state is not critical-path's
+    with pytest.raises(StateError, match=r"critical-path scheduler state lacks \['forward_s', 'backward_s'\]"):
+        replay_step(static, 1)
+    unknown = json.loads(rec.to_json())
+    unknown["header"]["schedule"] = "pipedream"
+    with pytest.raises(StateError, match="replay a log written by RecordingScheduler.save"):
+        replay(unknown)
+    garbled = json.loads(rec.to_json())
+    garbled["steps"][0]["measurements"][0][2] = "W"
+    with pytest.raises(StateError, match=r"\[stage, replica, 'F' or 'B', microbatch, seconds\]"):
+        replay(garbled)

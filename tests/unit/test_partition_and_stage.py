@@ -10,7 +10,7 @@ from torch import nn
 
 from pdml_ray.errors import PlanError
 from pdml_ray.pipeline.partition import balanced_cuts, layer_param_counts, split_sequential, stage_bounds
-from pdml_ray.runtime.stage_worker import StageWorker
+from pdml_ray.pipeline.stage import StageWorker
 
 
 def _mlp(widths: list[int], seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.Sequential:

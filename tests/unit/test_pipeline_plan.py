@@ -1,14 +1,21 @@
-"""Plan format, validation (each defect named), the grid, and the shared dispatch rule."""
+"""Plan format, validation (each defect named), the grid, the shared dispatch rule, and the one dependency rule."""
 
 from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdml_ray.errors import PlanError
+from pdml_ray.pipeline import plan as plan_module
 from pdml_ray.pipeline.dispatch import Dispatcher
-from pdml_ray.pipeline.plan import Action, Kind, Plan, format, unit_time_grid, validate
+from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule
+from pdml_ray.pipeline.plan import Action, Kind, Plan, dependency_table, format, unit_time_grid, validate
+from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
 
 F, B = Kind.FORWARD, Kind.BACKWARD
 
@@ -173,3 +180,129 @@ def test_memory_limit_rejects_exactly_when_gpipe_exceeds_it(stages: int, microba
     else:
         with pytest.raises(PlanError, match="memory limit exceeded"):
             validate(plan)
+
+
+# ---- the dependency rule: written once (plan.producers), read by everyone ---------------------------
+
+def brute_force_consumers(num_stages: int) -> dict[tuple[int, Kind], list[tuple[int, Kind]]]:
+    """Inverse of ``producers`` by search over every (stage, kind), in stage then kind order."""
+    keys = [(k, kind) for k in range(num_stages) for kind in Kind]
+    return {p: [c for c in keys if p in plan_module.producers(*c, num_stages)] for p in keys}
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3, 7])
+def test_consumers_are_the_inverse_of_the_rule(num_stages: int) -> None:
+    table = dependency_table(num_stages)
+    inverse = brute_force_consumers(num_stages)
+    for k in range(num_stages):
+        for kind in Kind:
+            assert table.producers[k][kind] == plan_module.producers(k, kind, num_stages)
+            assert list(table.consumers[k][kind]) == inverse[(k, kind)]
+    assert table.sources == ((0, F),) and table.sinks == ((0, B),)
+    assert dependency_table(num_stages) is table  # derived once per number of stages
+
+
+def test_the_rule_is_the_textbook_chain() -> None:
+    table = dependency_table(3)
+    assert table.producers[1][F] == ((0, F),) and table.producers[2][B] == ((2, F),)
+    assert table.producers[0][B] == ((1, B),)
+    assert table.consumers[2][F] == ((2, B),) and table.consumers[1][B] == ((0, B),) and table.consumers[0][B] == ()
+
+
+REAL_RULE = plan_module.producers
+
+
+@contextmanager
+def rule(producers: Callable[[int, Kind, int], tuple[tuple[int, Kind], ...]]) -> Iterator[None]:
+    """Swap the one dependency rule for a hypothetical one (what adding a new action kind would do)."""
+    original = plan_module.producers
+    plan_module.producers = producers
+    dependency_table.cache_clear()
+    try:
+        yield
+    finally:
+        plan_module.producers = original
+        dependency_table.cache_clear()
+
+
+def local_loss(stage: int, kind: Kind, num_stages: int) -> tuple[tuple[int, Kind], ...]:
+    """Hypothetical: every stage has its own loss, so B(k) needs only F(k); no backward chain."""
+    if kind is F:
+        return ((stage - 1, F),) if stage > 0 else ()
+    return ((stage, F),)
+
+
+def joined(stage: int, kind: Kind, num_stages: int) -> tuple[tuple[int, Kind], ...]:
+    """Hypothetical, equivalent to the real rule: B(k) also names F(k), first, as a producer (a join
+    whose binding input comes second)."""
+    if kind is B and stage < num_stages - 1:
+        return ((stage, F), (stage + 1, B))
+    return REAL_RULE(stage, kind, num_stages)
+
+
+def scheduled_plan(seed: int) -> tuple[Plan, float, ClusterProfile, list[list[tuple[float, float]]], list[int]]:
+    """A random plan (list scheduling on a noiseless simulated cluster's exact costs, random placement
+    and activation caps), its predicted makespan (s), the cluster, the costs and the caps."""
+    rng = random.Random(seed)
+    S = rng.randint(1, 4)
+    reps = tuple(rng.randint(1, 3) if rng.random() < 0.7 else 1 for _ in range(S))
+    M = rng.randint(1, 9)
+    profile = ClusterProfile.build(S, reps, forward_s=rng.choice([1.0, 1.5]), backward_s=rng.choice([2.0, 2.5]),
+                                   speeds=tuple(tuple(rng.uniform(0.5, 1.5) for _ in range(r)) for r in reps),
+                                   transfer_s=rng.choice([0.0, 0.3]))
+    costs = [[(profile.forward_s[k] / s, profile.backward_s[k] / s) for s in profile.speeds[k]] for k in range(S)]
+    placement = {(k, m): rng.randrange(reps[k]) for k in range(S) for m in range(M)}
+    caps = [rng.randint(1, S + 1) for _ in range(S)]
+    orders, predicted = list_schedule(S, reps, M, costs, [(1, 0)] * S, caps, placement=placement,
+                                      transfer_s=profile.transfer_s)
+    return Plan(S, reps, M, orders, memory_limit=max(caps)), predicted, profile, costs, caps
+
+
+def check_everyone_agrees(seed: int) -> tuple[list[tuple[tuple[int, int], list[str]]], float]:
+    """Validation, the Dispatcher (and its ``dependants``), the list scheduler, its FIFO specialisation,
+    the in-order run and the simulator all follow the current rule: they agree on a random plan.
+    Returns the plan's orders and makespan (s)."""
+    plan, predicted, profile, costs, caps = scheduled_plan(seed)
+    validate(plan)
+    actions = [a for acts in plan.orders.values() for a in acts]
+    d = Dispatcher(plan)
+    for a in actions:  # dependants: the brute-force inverse of the rule on this plan's actions
+        wanted = sorted(str(b) for b in actions if b.microbatch == a.microbatch
+                        and (a.stage, a.kind) in plan_module.producers(b.stage, b.kind, plan.num_stages))
+        assert sorted(str(b) for b in d.dependants(a)) == wanted
+    in_order = in_order_makespan(plan.orders, plan.num_stages, costs, profile.transfer_s)
+    simulated = PipelineSimulator(profile).run_step(plan).makespan_s
+    assert predicted == pytest.approx(in_order, rel=1e-12) and simulated == pytest.approx(in_order, rel=1e-12)
+    if set(plan.replicas) == {1}:
+        raw, done = single_pipeline_schedule([c[0][0] for c in costs], [c[0][1] for c in costs],
+                                             plan.num_microbatches, caps, profile.transfer_s)
+        assert raw == [[(a.kind, a.microbatch) for a in plan.orders[(k, 0)]] for k in range(plan.num_stages)]
+        assert max(done) == pytest.approx(predicted, rel=1e-12)
+    return sorted((key, [str(a) for a in acts]) for key, acts in plan.orders.items()), in_order
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000))
+def test_dispatcher_list_scheduler_and_simulator_agree_on_random_plans(seed: int) -> None:
+    check_everyone_agrees(seed)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000))
+def test_a_new_rule_is_one_edit_and_everyone_follows_it(seed: int) -> None:
+    real = check_everyone_agrees(seed)
+    with rule(joined):  # a redundant second producer: same plans and times, through the join code paths
+        assert dependency_table(3).producers[0][B] == ((0, F), (1, B))
+        assert check_everyone_agrees(seed) == real
+    with rule(local_loss):  # a different chain: everyone still agrees, on plans of the new rule
+        table = dependency_table(3)
+        assert table.consumers[0][F] == ((0, B), (1, F)) and table.sinks == ((0, B), (1, B), (2, B))
+        check_everyone_agrees(seed)
+
+
+def test_a_rule_naming_a_missing_action_is_refused() -> None:
+    def broken(stage: int, kind: Kind, num_stages: int) -> tuple[tuple[int, Kind], ...]:
+        return ((stage + 1, F),)
+
+    with rule(broken), pytest.raises(PlanError, match=r"fix pdml_ray.pipeline.plan.producers"):
+        dependency_table(2)

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdml_ray.config import PipelineConfig
-from pdml_ray.pipeline.listsched import in_order_makespan, round_robin
+from pdml_ray.errors import PlanError
+from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, round_robin, single_pipeline_schedule
 from pdml_ray.pipeline.plan import Kind, validate
 from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
@@ -93,6 +94,20 @@ def test_in_order_makespan_matches_simulator() -> None:
     costs = [[(1.0 / s, 2.0 / s) for s in row] for row in speeds]
     predicted = in_order_makespan(plan.orders, 4, costs, transfer_s=0.25)
     assert predicted == pytest.approx(PipelineSimulator(profile).run_step(plan).makespan_s)
+
+
+def test_in_order_makespan_names_a_deadlock_and_list_scheduling_refuses_zero_caps() -> None:
+    from pdml_ray.pipeline.plan import Action
+
+    # Stage 0 wants B0 before F1, stage 1 wants F1 before B0: in order, neither can move.
+    orders = {(0, 0): (Action(0, 0, F, 0), Action(0, 0, B, 0), Action(0, 0, F, 1), Action(0, 0, B, 1)),
+              (1, 0): (Action(1, 0, F, 1), Action(1, 0, F, 0), Action(1, 0, B, 0), Action(1, 0, B, 1))}
+    with pytest.raises(PlanError, match=r"deadlocks with \(stage, replica\) \[\(0, 0\), \(1, 0\)\].*validate"):
+        in_order_makespan(orders, 2, [[(1.0, 2.0)], [(1.0, 2.0)]])
+    with pytest.raises(PlanError, match="one entry >= 1 per stage"):
+        list_schedule(2, (1, 1), 3, [[(1.0, 2.0)], [(1.0, 2.0)]], [(1, 0)] * 2, [2, 0])
+    with pytest.raises(PlanError, match="one entry >= 1 per stage"):
+        single_pipeline_schedule([1.0, 1.0], [2.0, 2.0], 3, [2])
 
 
 def test_unknown_schedule_lists_valid_names() -> None:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdml_ray.config import PipelineConfig
+from pdml_ray.errors import ConfigError
 from pdml_ray.pipeline.plan import Kind
 from pdml_ray.pipeline.registry import make_scheduler
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, compare_in_simulation
@@ -84,10 +85,12 @@ def test_memory_budget_violations_are_counted() -> None:
 
 
 def test_profile_checks_shapes() -> None:
-    with pytest.raises(ValueError, match="speeds\\[1\\] needs 2 positive entries"):
+    with pytest.raises(ConfigError, match="speeds\\[1\\] needs 2 positive entries \\(one per replica of stage 1"):
         ClusterProfile.build(2, 2, speeds=((1.0, 1.0), (1.0,)))
-    with pytest.raises(ValueError, match="unknown profile"):
+    with pytest.raises(ConfigError, match="unknown profile 'bursty'; use one of"):
         ClusterProfile.build(2, 2, profile="bursty")
+    with pytest.raises(ConfigError, match="one entry per stage \\(2\\), got lengths .*'forward_s': 3"):
+        ClusterProfile(stages=2, replicas=(1, 1), forward_s=(1.0, 1.0, 1.0), backward_s=(2.0, 2.0), speeds=((1.0,), (1.0,)))
 
 
 def test_compare_in_simulation_reports_every_schedule() -> None:
@@ -98,6 +101,9 @@ def test_compare_in_simulation_reports_every_schedule() -> None:
     for r in out.values():
         assert len(r["makespan_s"]) == 3 and r["memory_violations"] == 0
     assert out["auto"]["decision"]["choice"] in ("static", "osprey") and out["auto"]["decision"]["reason"]
+    # Decisions come back as plain dicts (the records' to_dict), {} for a static schedule.
+    assert out["gpipe"]["decision"] == {} and out["1f1b"]["decision"] == {}
+    assert out["osprey"]["decision"]["kind"] == "adaptive" and len(out["osprey"]["decision"]["lane_period_s"]) == 2
 
 
 def test_simulate_cli_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,5 +119,5 @@ def test_simulate_cli_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_dataclass_replace_keeps_profile_valid() -> None:
     profile = ClusterProfile.build(2, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         dataclasses.replace(profile, speeds=((1.0,), (0.0,)))

@@ -1,12 +1,21 @@
-"""The scheduler core without Ray: reports in, versioned decisions and bundles out."""
+"""The scheduler core without Ray: reports in, stamped decisions and bundles out, one per deriver."""
 
-from pdml_ray.config import NodePriorityConfig, PDMLConfig
+import numpy as np
+import pytest
+
+from pdml_ray.client import LocalTransport, SchedulerClient
+from pdml_ray.config import NodePriorityConfig, PDMLConfig, SamplePriorityConfig
+from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, WorkerReport
+from pdml_ray.errors import ReportError, StateError
+from pdml_ray.priority.node import NodeStats
+from pdml_ray.priority.registry import DERIVERS, enabled_derivers
+from pdml_ray.priority.sample import SampleStats
 from pdml_ray.scheduler import Scheduler
-from pdml_ray.telemetry import WorkerReport
 
 
-def _config(**kw):
-    return PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.0, **kw))
+def _config(sample: bool = False, **kw):
+    return PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=100, warmup_steps=0, hysteresis=0.0, **kw),
+                      sample_priority=SamplePriorityConfig() if sample else None)
 
 
 def _reports(step, rates, batch=50):
@@ -14,41 +23,125 @@ def _reports(step, rates, batch=50):
             for w, r in enumerate(rates)]
 
 
+def _b(first_step, sizes=(50, 50), k=5):
+    return Boundary(first_step, k, tuple(sizes))
+
+
+def test_the_config_enables_derivers_from_the_one_registry():
+    assert enabled_derivers(_config()) == ["node"]
+    assert enabled_derivers(_config(sample=True)) == ["node", "sample"]
+    assert list(Scheduler(_config(sample=True), 2).derivers) == list(DERIVERS)
+
+
 def test_reports_produce_a_newer_decision_and_bundles_carry_it_once():
     s = Scheduler(_config(), 2)
-    assert s.bundle(0, 0, 5, (50, 50)).decision is None  # nothing newer than v0
+    assert not s.bundle(_b(0), {"node": 0})  # nothing newer than v0
     s.report(_reports(0, [300.0, 100.0]))
-    b = s.bundle(0, 5, 5, (50, 50))
-    assert b.decision.version == 1 and b.decision.batch_sizes == (75, 25) and b.decision.effective_step == 5
-    assert s.bundle(1, 10, 5, (75, 25)).decision is None
-    assert s.stats()["rate_source"] == "measured" and s.reports_received == 2
+    d = s.bundle(_b(5), {"node": 0}).get("node")
+    assert isinstance(d, NodeDecision)
+    assert d.version == 1 and d.batch_sizes == (75, 25) and d.effective_step == 5
+    assert not s.bundle(_b(10, (75, 25)), {"node": 1})
+    assert s.stats().derivers["node"].rate_source == "measured" and s.reports_received == 2
 
 
-def test_registration_moves_the_prior_and_bad_reports_are_counted():
+def test_a_decision_that_reached_the_workers_late_is_reissued_for_the_next_boundary():
+    s = Scheduler(_config(), 2)
+    s.report(_reports(0, [300.0, 100.0]))
+    late = s.bundle(_b(5), {"node": 0}).get("node")  # the workers passed step 5 before it arrived
+    again = s.bundle(_b(10), {"node": 0}).get("node")
+    assert again.version == late.version + 1 and again.effective_step == 10
+    assert again.batch_sizes == late.batch_sizes
+    # every version the scheduler published is in its history with the step it was stamped for
+    assert [(d["version"], d["effective_step"]) for d in s.decision_history()] == [(0, 0), (1, 5), (2, 10)]
+
+
+def test_registration_moves_the_prior_at_the_next_boundary():
     s = Scheduler(_config(), 2)
     s.register(0, "H100")
     s.register(1, "A100")
-    assert s.decision().reason == "prior" and s.decision().batch_sizes[0] > s.decision().batch_sizes[1]
-    s.report([WorkerReport(worker_id=5, step=0, samples=1, compute_s=1.0)])
-    assert s.stats()["reports_rejected"] == 1 and s.reports_received == 0
+    d = s.bundle(_b(0), {"node": 0}).get("node")
+    assert d.reason == "prior" and d.batch_sizes[0] > d.batch_sizes[1] and d.effective_step == 0
+    with pytest.raises(ReportError, match="unknown worker"):
+        s.register(5, "H100")
+
+
+@pytest.mark.parametrize("bad, why", [
+    (dict(compute_s=float("nan")), "compute_s"),
+    (dict(compute_s=-1.0), "compute_s"),
+    (dict(compute_s=0.0), "compute_s"),
+    (dict(samples=0), "samples"),
+    (dict(worker_id=7), "unknown worker"),
+    (dict(wait_s=float("inf")), "wait_s"),
+])
+def test_bad_reports_are_rejected_counted_and_move_nothing(bad, why):
+    s = Scheduler(_config(), 2)
+    s.report(_reports(0, [100.0, 100.0]))
+    before = s.derivers["node"].throughput.values.copy()
+    fields = dict(worker_id=0, step=5, samples=50, compute_s=0.5)
+    fields.update(bad)
+    s.report([WorkerReport(**fields), *_reports(6, [100.0, 100.0])])  # the good ones still count
+    assert s.reports_rejected == 1 and why in s.rejections[-1] and s.reports_received == 4
+    assert np.array_equal(s.derivers["node"].throughput.values, before)
+    assert s.last_step == 6
 
 
 def test_a_restarted_scheduler_continues_the_workers_version_numbering():
     s = Scheduler(_config(), 2)  # fresh after a restart: its own decision is v0
-    assert s.bundle(7, 40, 5, (70, 30)).decision is None  # workers run v7: nothing newer to send
+    assert not s.bundle(_b(40, (70, 30)), {"node": 7})  # workers run v7: nothing newer to send
     s.report(_reports(40, [100.0, 300.0]))
-    d = s.bundle(7, 45, 5, (70, 30)).decision
+    d = s.bundle(_b(45, (70, 30)), {"node": 7}).get("node")
     assert d is not None and d.version == 8 and d.batch_sizes == (25, 75)
 
 
-def test_state_round_trip_and_telemetry_columns():
-    s = Scheduler(_config(), 2)
+def test_sample_plans_are_sized_by_the_node_decision_of_the_same_bundle():
+    s = Scheduler(_config(sample=True), 2)
+    assert s.bundle(_b(0), {}).get("sample") is None  # no data set size yet
+    s.set_dataset_size(1000)
+    s.report(_reports(0, [300.0, 100.0]))
+    bundle = s.bundle(_b(5), {"node": 0})
+    node, sample = bundle.get("node"), bundle.get("sample")
+    assert isinstance(sample, SampleDecision) and sample.effective_step == 5 and len(sample.plans) == 5
+    assert all(tuple(len(i) for i in p.indices) == node.batch_sizes == (75, 25) for p in sample.plans)
+    assert [p.step for p in sample.plans] == [5, 6, 7, 8, 9]
+    assert not s.history["sample"]  # plans are large: the scheduler keeps no history of them
+    # per-sample losses flow into the table through the deriver
+    fb = WorkerReport(worker_id=0, step=5, samples=2, compute_s=0.1, sample_indices=np.array([3, 4]),
+                      sample_losses=np.array([1.0, 2.0], dtype=np.float32))
+    s.report([fb])
+    stats = s.stats()
+    assert isinstance(stats.derivers["sample"], SampleStats) and stats.derivers["sample"].seen_fraction == pytest.approx(0.002)
+
+
+def test_state_round_trip_typed_stats_and_telemetry_columns():
+    s = Scheduler(_config(sample=True), 2)
+    s.set_dataset_size(50)
     for step in range(3):
         s.report(_reports(step, [300.0, 100.0]))
+        s.bundle(_b(step), {"node": 0})
     s.record_measurement("comm_s", 0.01)
-    t = Scheduler(_config(), 2)
+    t = Scheduler(_config(sample=True), 2)
     t.load_state_dict(s.state_dict())
-    assert t.decision() == s.decision() and len(t.decisions) == len(s.decisions)
+    assert t.decision() == s.decision() and t.decision_history() == s.decision_history()
+    assert t.versions == s.versions and t.stats().derivers["node"] == s.stats().derivers["node"]
+    assert t.stats().derivers["sample"].epoch == s.stats().derivers["sample"].epoch == 30.0
+    with pytest.raises(StateError, match="sample_priority"):
+        Scheduler(_config(), 2).load_state_dict(s.state_dict())
     cols = s.telemetry()
     assert cols["step"].tolist() == [0, 0, 1, 1, 2, 2] and cols["samples"].sum() == 300
-    assert s.stats()["measurements"] == {"comm_s": 0.01}
+    stats = s.stats()
+    assert stats.measurements == {"comm_s": 0.01} and isinstance(stats.derivers["node"], NodeStats)
+    names = {g.name for g in stats.gauges()}
+    assert {"pdml_batch_size", "pdml_decision_version", "pdml_reports_rejected"} <= names
+    text = "\n".join(stats.summary_lines())
+    assert "node v3" in text  # re-issued twice: every bundle said the workers still ran v0 and "75" in text and "sample priorities" in text
+
+
+def test_the_client_over_an_in_process_transport_polls_bundles_and_reports():
+    s = Scheduler(_config(), 2)
+    client = SchedulerClient(LocalTransport(s))
+    client.report(_reports(0, [300.0, 100.0]))
+    client.request(_b(5), {"node": 0})
+    client.request(_b(10), {"node": 0})  # one request in flight at a time: this one is not sent
+    bundle = client.poll()
+    assert bundle.get("node").effective_step == 5 and client.poll() is None
+    assert client.call("stats").reports_received == 2

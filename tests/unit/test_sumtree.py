@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdml_ray.errors import ReportError
 from pdml_ray.priority.sumtree import SumTree
 
 
@@ -83,7 +84,7 @@ def test_rejects_bad_input():
         tree.update(np.array([1]), np.array([-1.0]))
     with pytest.raises(ValueError, match="finite and >= 0"):
         tree.update(np.array([1]), np.array([np.nan]))
-    with pytest.raises(IndexError):
+    with pytest.raises(ReportError, match="indices must lie"):
         tree.update(np.array([4]), np.array([1.0]))
 
 

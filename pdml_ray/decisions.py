@@ -1,5 +1,11 @@
 """Frozen records that cross process boundaries: what workers report, what the scheduler decides.
 
+The wire format between workers and the scheduler: ``WorkerReport`` goes in; at a decision boundary
+(``Boundary``) each enabled deriver may publish one decision (``NodeDecision``, ``SampleDecision``,
+...), and rank 0 fetches them together as a ``StepBundle``. Every decision carries ``version`` and
+``effective_step``, stamped by the scheduler alone: a worker adopts a decision at exactly its
+effective step and never rewrites it, so the scheduler's history and the workers' agree.
+
 Decisions are data: they print, validate, serialise (``to_dict``/``from_dict``) and can be logged
 for replay. Runtimes carry them out; nothing here knows about Ray.
 """
@@ -7,10 +13,13 @@ for replay. Runtimes carry them out; nothing here knows about Ray.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
+from pdml_ray.batching import round_to_batch_sizes
 from pdml_ray.errors import PlanError
 
 
@@ -51,7 +60,8 @@ class WorkerReport:
             return f"worker {self.worker_id} step {self.step}: wait_s={self.wait_s} must be finite and >= 0"
         if (self.sample_indices is None) != (self.sample_losses is None):
             return f"worker {self.worker_id} step {self.step}: sample_indices and sample_losses come together"
-        if self.sample_indices is not None and len(self.sample_indices) != len(self.sample_losses):
+        if (self.sample_indices is not None and self.sample_losses is not None
+                and len(self.sample_indices) != len(self.sample_losses)):
             return f"worker {self.worker_id} step {self.step}: {len(self.sample_indices)} indices vs {len(self.sample_losses)} losses"
         return None
 
@@ -79,8 +89,6 @@ class NodeDecision:
 
     @classmethod
     def uniform(cls, global_batch_size: int, num_workers: int, reason: str = "uniform") -> "NodeDecision":
-        from pdml_ray.priority.node import round_to_batch_sizes  # local: node.py imports this module
-
         shares = np.full(num_workers, 1.0 / num_workers)
         sizes = round_to_batch_sizes(shares, global_batch_size, 0, None)
         return cls.from_sizes(0, 0, sizes, shares, reason)
@@ -151,3 +159,50 @@ class SamplePlan:
                 raise PlanError(f"sample plan step {self.step}: worker {i} index out of [0, {num_samples})")
             if len(w) and not (np.all(np.isfinite(w)) and w.min() >= 0):
                 raise PlanError(f"sample plan step {self.step}: worker {i} has negative or non-finite weights")
+
+
+@dataclass(frozen=True, slots=True)
+class SampleDecision:
+    """Sample plans for the steps from ``effective_step`` up to the next decision boundary."""
+
+    version: int
+    effective_step: int
+    plans: tuple[SamplePlan, ...]
+
+    def __str__(self) -> str:
+        steps = f"{self.plans[0].step}..{self.plans[-1].step}" if self.plans else "none"
+        return f"SampleDecision v{self.version} @step {self.effective_step}: plans for steps {steps}"
+
+
+class Decision(Protocol):
+    """What every deriver's decision record has: the scheduler stamps both fields (and nothing else)."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def effective_step(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """A decision boundary as rank 0 asks for it: decisions for ``num_steps`` steps from ``first_step``."""
+
+    first_step: int
+    num_steps: int
+    batch_sizes: tuple[int, ...]
+    """The per-worker batch sizes the workers run with unless a new node decision comes."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepBundle:
+    """What rank 0 fetches at a decision boundary: per enabled deriver (by registry name), the decision
+    to adopt at the bundle's first step; a deriver with nothing new has no entry."""
+
+    decisions: Mapping[str, Decision] = field(default_factory=dict)
+
+    def get(self, name: str) -> Decision | None:
+        return self.decisions.get(name)
+
+    def __bool__(self) -> bool:
+        return bool(self.decisions)

@@ -1,4 +1,9 @@
-"""pdml-ray: priority-derived distributed PyTorch training on Ray (demo, bench NAME, status, simulate)."""
+"""pdml-ray: priority-derived distributed PyTorch training on Ray (demo, bench NAME, status, simulate).
+
+The ``pdml-ray`` command: one module per verb in this package (``demo``, ``status``, ``simulate``),
+each with ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args)``; ``bench NAME`` runs the
+benchmarks registered in ``pdml_ray.bench.BENCHMARKS``.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,18 @@ import sys
 
 from pdml_ray.bench import BENCHMARKS
 from pdml_ray.bench.common import add_common_arguments
+from pdml_ray.errors import PDMLError
 
 # Subcommands other than bench: name -> module with DESCRIPTION, add_arguments(parser), run(args).
 COMMANDS: dict[str, str] = {
-    "demo": "pdml_ray.demo",
-    "status": "pdml_ray.status",
-    "simulate": "pdml_ray.pipeline_cli",
+    "demo": "pdml_ray.cli.demo",
+    "status": "pdml_ray.cli.status",
+    "simulate": "pdml_ray.cli.simulate",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdml-ray", description=__doc__)
+    parser = argparse.ArgumentParser(prog="pdml-ray", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
@@ -39,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = args._run(args)
+    try:
+        result = args._run(args)
+    except PDMLError as e:  # a bad value or state, said plainly: no traceback for the user to read
+        print(f"pdml-ray: error: {e}", file=sys.stderr)
+        return 2
     return result if isinstance(result, int) else 0
 
 

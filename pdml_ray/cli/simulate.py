@@ -17,7 +17,7 @@ import argparse
 import json
 from typing import Any
 
-DESCRIPTION = "simulate a pipeline cluster profile under every schedule (gpipe, 1f1b, critical-path, osprey, auto)"
+DESCRIPTION = "simulate a pipeline cluster profile under every registered schedule"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transfer-s", type=float, default=0.0, help="seconds to move an activation between stages")
     parser.add_argument("--memory-limit", type=int, help="activations per replica (default: stages, 1F1B's peak)")
     parser.add_argument("--steps", type=int, default=10, help="global steps to simulate (default 10)")
-    parser.add_argument("--schedules", default="gpipe,1f1b,critical-path,osprey,auto", help="comma-separated names")
+    from pdml_ray.pipeline.registry import SCHEDULERS
+
+    parser.add_argument("--schedules", default=",".join(SCHEDULERS),
+                        help=f"comma-separated names (default: all of {', '.join(SCHEDULERS)})")
     parser.add_argument("--seed", type=int, default=0, help="seed of speeds, noise and drift (default 0)")
     parser.add_argument("--show-plan", action="store_true", help="print each schedule's step-by-replica grid")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")

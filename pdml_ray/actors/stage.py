@@ -12,7 +12,7 @@ from typing import Any
 import ray
 from torch import nn
 
-from pdml_ray.runtime.stage_worker import StageWorker
+from pdml_ray.pipeline.stage import StageWorker
 
 # Stage actors mostly wait on each other; a fraction of a CPU lets stages x replicas actors share
 # a small machine. Each runs torch with one intra-op thread (num_threads=1 below).
@@ -27,8 +27,9 @@ def stage_actor_name(prefix: str, stage: int, replica: int) -> str:
 
 def launch_stage(stage: int, replica: int, num_stages: int, module: nn.Module, *, name_prefix: str | None = None,
                  num_cpus: float = DEFAULT_STAGE_NUM_CPUS, num_threads: int = 1,
-                 **worker_kwargs: Any) -> ray.actor.ActorHandle:
-    """Start one stage actor; ``worker_kwargs`` go to ``StageWorker`` (loss_fn, lr, optimizer, speed)."""
+                 **worker_kwargs: Any) -> Any:
+    """Start one stage actor (returns its handle); ``worker_kwargs`` go to ``StageWorker`` (loss_fn, lr,
+    optimizer, speed)."""
     options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0}
     if name_prefix is not None:
         options["name"] = stage_actor_name(name_prefix, stage, replica)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pdml_ray.scheduler import SchedulerStats
 
 DESCRIPTION = "show the priorities of a running pdml-ray scheduler (batch sizes, weights, rates)"
 
@@ -13,17 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", default="pdml", help="scheduler namespace (default pdml)")
 
 
-def format_stats(stats: dict) -> str:
-    lines = [f"decision v{stats['version']}  (rates: {stats['rate_source']}; reports {stats['reports_received']}, "
-             f"rejected {stats['reports_rejected']})",
-             f"{'worker':>6}  {'accelerator':<12} {'priority':>8} {'batch':>6} {'grad weight':>11} {'rate':>10}"]
-    for i, (accel, share, size, weight, rate) in enumerate(zip(stats["accelerator_types"], stats["shares"],
-                                                                 stats["batch_sizes"], stats["grad_weights"], stats["rates"])):
-        lines.append(f"{i:>6}  {accel:<12} {share:>8.3f} {size:>6} {weight:>11.4f} {rate:>10.4g}")
-    if "sample_priority" in stats:
-        lines.append("sample priorities: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                        for k, v in stats["sample_priority"].items()))
-    return "\n".join(lines)
+def format_stats(stats: SchedulerStats) -> str:
+    """What ``pdml-ray status`` prints: the scheduler's counters, then each deriver's own summary."""
+    return "\n".join(stats.summary_lines())
 
 
 def _probe(address: str) -> None:
@@ -42,7 +38,7 @@ def _probe(address: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from actors.scheduler import find_scheduler
+    from pdml_ray.actors.scheduler import find_scheduler
 
     try:
         _probe(args.address)

@@ -1,6 +1,6 @@
 """One replica of one pipeline stage: forward, real autograd backward, gradient accumulation, step.
 
-A plain class (no Ray): ``actors/stage.py`` wraps it in ``ray.remote``; unit tests drive it
+A plain class (no Ray): ``pdml_ray.actors.stage`` wraps it in ``ray.remote``; unit tests drive it
 directly. Per micro-batch it keeps the input it received (as a leaf that requires grad, so that
 backward yields the gradient to send upstream) and the output it produced, until that micro-batch's
 backward. Parameter gradients accumulate across micro-batches in ``param.grad`` until
@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from pdml_ray.emulation import emulate_speed
-from pdml_ray.errors import PlanError
+from pdml_ray.emulation import check_speed, emulate_speed
+from pdml_ray.errors import PlanError, StateError
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -78,9 +78,7 @@ class StageWorker:
 
     def set_speed(self, speed: float) -> None:
         """Emulated speed factor in (0, 1]; 1.0 disables emulation."""
-        if not 0.0 < speed <= 1.0:
-            raise ValueError(f"emulated speed must be in (0, 1] (1.0 = full speed), got {speed!r}")
-        self.speed = float(speed)
+        self.speed = check_speed(speed, f"speed of stage {self.stage} replica {self.replica}")
 
     # -- one micro-batch --------------------------------------------------------------------------
 
@@ -106,8 +104,8 @@ class StageWorker:
         result: Tensor | None
         loss: float | None = None
         if self.is_last:
-            if target is None:
-                raise PlanError(f"last stage forward of micro-batch {microbatch} needs its targets")
+            if target is None or self.loss_fn is None:
+                raise PlanError(f"last stage forward of micro-batch {microbatch} needs its targets and a loss_fn")
             scaled = self.loss_fn(out, target) * loss_scale
             self._saved[microbatch] = (x_in, scaled)
             result, loss = None, float(scaled.detach())
@@ -149,7 +147,7 @@ class StageWorker:
         """Replace the accumulated gradients by ``summed`` (one tensor per parameter, same order)."""
         params = list(self.module.parameters())
         if len(summed) != len(params):
-            raise ValueError(f"apply_grads got {len(summed)} tensors for {len(params)} parameters")
+            raise PlanError(f"apply_grads got {len(summed)} tensors for {len(params)} parameters")
         for p, g in zip(params, summed):
             p.grad = g.detach().clone().to(dtype=p.dtype, device=p.device)
 
@@ -188,7 +186,7 @@ class StageWorker:
         """Overwrite the parameters and restart the optimizer (its state belonged to the old ones)."""
         params = list(self.module.parameters())
         if len(values) != len(params):
-            raise ValueError(f"set_parameters got {len(values)} tensors for {len(params)} parameters")
+            raise StateError(f"set_parameters got {len(values)} tensors for {len(params)} parameters")
         with torch.no_grad():
             for p, v in zip(params, values):
                 p.copy_(v)

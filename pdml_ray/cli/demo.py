@@ -27,7 +27,7 @@ def _watch(name: str, namespace: str, label: str, total_steps: int, stop: thread
     """Print the scheduler's view every few seconds while a run trains (progress and priorities)."""
     import ray
 
-    from actors.scheduler import find_scheduler
+    from pdml_ray.actors.scheduler import find_scheduler
 
     t0 = time.monotonic()
     while not stop.wait(3.0):
@@ -38,12 +38,12 @@ def _watch(name: str, namespace: str, label: str, total_steps: int, stop: thread
             stats = ray.get(handle.stats.remote(), timeout=5)  # small: not the whole telemetry log
         except Exception:  # noqa: BLE001 - progress display must never break the run
             continue
-        if stats["last_step"] < 0:
+        if stats.last_step < 0:
             print(f"  [{label}] {time.monotonic() - t0:5.0f}s  starting the Ray Train workers ...", flush=True)
             continue
-        steps = stats["last_step"] + 1
+        steps, node = stats.last_step + 1, stats.derivers["node"]
         print(f"  [{label}] {time.monotonic() - t0:5.0f}s  step {steps:>4}/{total_steps}  "
-              f"batch sizes {stats['batch_sizes']}  decision v{stats['version']}", flush=True)
+              f"batch sizes {list(node.batch_sizes)}  decision v{stats.versions['node']}", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,109 @@
+"""The scheduler as a named Ray actor (``Scheduler`` plus naming, restart options and metrics), and
+the ``RayTransport`` workers reach it through (``pdml_ray.client.SchedulerClient``'s transport)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+from pdml_ray.config import PDMLConfig
+from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
+from pdml_ray.errors import SchedulerUnavailableError
+from pdml_ray.metrics import PriorityGauges
+from pdml_ray.scheduler import Scheduler
+
+
+class MeteredScheduler(Scheduler):
+    """Scheduler whose every state change is exported to the Ray dashboard's metrics."""
+
+    def __init__(self, config: PDMLConfig, num_workers: int):
+        super().__init__(config, num_workers)
+        self.gauges = PriorityGauges(config.scheduler_name)
+        self.registered: set[int] = set()
+
+    def register(self, worker_id: int, accelerator_type: str) -> None:
+        super().register(worker_id, accelerator_type)
+        self.registered.add(worker_id)
+        self._export()
+
+    def report(self, reports: list[WorkerReport]) -> None:
+        super().report(reports)
+        self._export()
+
+    def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:
+        bundle = super().bundle(boundary, since)
+        if bundle:
+            self._export()
+        return bundle
+
+    def _export(self) -> None:
+        # per-worker series are tagged by accelerator type: export once every worker has said its type
+        # (or reports arrive, e.g. after a restart), so no series carries a placeholder type
+        if len(self.registered) == self.num_workers or self.reports_received:
+            self.gauges.export(self.stats())
+
+    def ping(self) -> bool:
+        return True
+
+
+# num_cpus=0: the scheduler must never take a CPU slot from a training worker.
+# max_restarts=-1: if it dies, Ray restarts it; training goes on with the last decision meanwhile.
+SchedulerActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(MeteredScheduler)
+
+
+def get_or_create_scheduler(config: PDMLConfig, num_workers: int) -> Any:
+    """The run's scheduler actor: the living one of that name and namespace, or a new one."""
+    return SchedulerActor.options(name=config.scheduler_name, namespace=config.namespace,
+                                  get_if_exists=True).remote(config, num_workers)
+
+
+def find_scheduler(name: str = "pdml-scheduler", namespace: str = "pdml") -> Any:
+    """Handle of a running scheduler actor, or None."""
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
+class RayTransport:
+    """``pdml_ray.client.Transport`` over the named scheduler actor: ObjectRefs as pending calls.
+
+    Every Ray failure (actor dead or restarting, a timeout, an error inside the scheduler) becomes
+    ``SchedulerUnavailableError``: the client then keeps training on its last decision.
+    """
+
+    def __init__(self, name: str, namespace: str) -> None:
+        self.name, self.namespace = name, namespace
+        self._handle: Any = None
+
+    def connect(self, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while True:
+            self._handle = find_scheduler(self.name, self.namespace)
+            if self._handle is not None or time.monotonic() >= end:
+                return self._handle is not None
+            time.sleep(0.2)
+
+    def submit(self, method: str, *args: Any) -> ray.ObjectRef:
+        if self._handle is None:
+            raise SchedulerUnavailableError(f"scheduler {self.name!r} in namespace {self.namespace!r} not found")
+        try:
+            return getattr(self._handle, method).remote(*args)
+        except RayError as e:
+            self._handle = None
+            raise SchedulerUnavailableError(f"scheduler {self.name!r}: {type(e).__name__}") from e
+
+    def ready(self, pending: ray.ObjectRef, timeout_s: float) -> bool:
+        ready, _ = ray.wait([pending], timeout=timeout_s)
+        return bool(ready)
+
+    def result(self, pending: ray.ObjectRef, timeout_s: float | None = None) -> Any:
+        try:
+            return ray.get(pending, timeout=timeout_s)
+        except RayError as e:  # GetTimeoutError is one too
+            self._handle = None
+            raise SchedulerUnavailableError(f"scheduler {self.name!r}: {type(e).__name__}: {e}") from e

@@ -1,0 +1,135 @@
+"""Worker-side access to the scheduler that never blocks a training step (no Ray here).
+
+The logic: reports go fire-and-forget; rank 0 keeps at most one bundle request in flight and polls
+it with a zero timeout at step boundaries; if the scheduler is dead or restarting, calls fail
+quietly, the caller keeps its last decisions, and the scheduler is looked up again at a later
+boundary. How calls travel is a ``Transport``: ``pdml_ray.actors.scheduler.RayTransport`` (a named
+Ray actor) in training, ``LocalTransport`` (a ``Scheduler`` in this process) for a single process
+and for tests that drive ``PDMLContext`` without Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
+from pdml_ray.errors import SchedulerUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    """How calls reach the scheduler. Every method raises ``SchedulerUnavailableError`` (only) when
+    the scheduler cannot be reached; the client turns that into "keep the last decision"."""
+
+    def connect(self, timeout_s: float) -> bool:
+        """Find the scheduler within ``timeout_s`` seconds (0: one try); False if it is not there."""
+        ...
+
+    def submit(self, method: str, *args: Any) -> Any:
+        """Start ``scheduler.method(*args)`` without waiting; returns a pending handle."""
+        ...
+
+    def ready(self, pending: Any, timeout_s: float) -> bool:
+        """Whether ``pending`` has finished within ``timeout_s`` seconds."""
+        ...
+
+    def result(self, pending: Any, timeout_s: float | None = None) -> Any:
+        """The call's return value (raises the scheduler's error, or SchedulerUnavailableError)."""
+        ...
+
+
+class LocalTransport:
+    """Calls a ``Scheduler`` in this process synchronously: every call is ready at once."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def connect(self, timeout_s: float) -> bool:
+        return True
+
+    def submit(self, method: str, *args: Any) -> tuple[Any]:
+        return (getattr(self.scheduler, method)(*args),)  # a 1-tuple: a call that returned None is still pending
+
+    def ready(self, pending: tuple[Any], timeout_s: float) -> bool:
+        return True
+
+    def result(self, pending: tuple[Any], timeout_s: float | None = None) -> Any:
+        return pending[0]
+
+
+class SchedulerClient:
+    def __init__(self, transport: Transport, connect_timeout_s: float = 30.0) -> None:
+        self.transport = transport
+        self._connected = transport.connect(connect_timeout_s)
+        self._pending: Any = None  # the bundle request in flight (rank 0 only)
+        self.failures = 0
+
+    @property
+    def available(self) -> bool:
+        if not self._connected:
+            self._connected = self.transport.connect(0.0)
+        return self._connected
+
+    def _send(self, method: str, *args: Any) -> Any:
+        """Fire-and-forget call: its pending handle, or None while the scheduler is unavailable."""
+        if not self.available:
+            return None
+        try:
+            return self.transport.submit(method, *args)
+        except SchedulerUnavailableError:
+            self._connected = False
+            return None
+
+    def call(self, method: str, *args: Any, timeout_s: float = 120.0) -> Any:
+        """A blocking call, for checkpoints and start-up only (never inside a training step)."""
+        pending = self._send(method, *args)
+        if pending is None:
+            raise SchedulerUnavailableError(f"the pdml-ray scheduler is not reachable for {method!r}; check that "
+                                            "the training run's scheduler actor is alive (`pdml-ray status`)")
+        return self.transport.result(pending, timeout_s)
+
+    def _startup_call(self, method: str, *args: Any) -> None:
+        """Start-up only (blocking); without a scheduler it is skipped and training keeps uniform shares."""
+        try:
+            self.call(method, *args, timeout_s=60.0)
+        except SchedulerUnavailableError as e:
+            log.warning("%s skipped: %s", method, e)
+
+    def register(self, worker_id: int, accelerator_type: str) -> None:
+        """Tell the scheduler this worker's accelerator type (start-up, blocking)."""
+        self._startup_call("register", worker_id, accelerator_type)
+
+    def set_dataset_size(self, num_samples: int) -> None:
+        self._startup_call("set_dataset_size", num_samples)
+
+    def report(self, reports: list[WorkerReport]) -> None:
+        """Fire-and-forget; a dead scheduler loses these reports, never the training step."""
+        if reports:
+            self._send("report", reports)
+
+    def record_measurement(self, name: str, value: float) -> None:
+        self._send("record_measurement", name, value)
+
+    def request(self, boundary: Boundary, since: Mapping[str, int]) -> None:
+        """Put one bundle request in flight (at most one is pending)."""
+        if self._pending is None:
+            self._pending = self._send("bundle", boundary, dict(since))
+
+    def poll(self, block_s: float = 0.0) -> StepBundle | None:
+        """The pending bundle if it is ready within ``block_s`` seconds, else None (keep going)."""
+        if self._pending is None:
+            return None
+        try:
+            if not self.transport.ready(self._pending, block_s):
+                return None
+            pending, self._pending = self._pending, None
+            return self.transport.result(pending)
+        except SchedulerUnavailableError as e:  # died or restarted: keep the last decision, look it up later
+            self._pending = None
+            self.failures += 1
+            self._connected = False
+            log.warning("scheduler unavailable (%s); training continues on the last decision", e)
+            return None

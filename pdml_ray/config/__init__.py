@@ -1,0 +1,23 @@
+"""Typed configuration: one module per component's config, gathered in ``PDMLConfig``.
+
+Every config is a ``@dataclass(kw_only=True, slots=True)`` that validates itself in
+``__post_init__``; a bad value raises ``ConfigError`` (a ``ValueError``) whose message names the
+field and says how to fix it. ``PDMLConfig.from_dict`` and ``PDMLConfig.from_yaml`` load the same
+dataclasses from plain data (``loading.load_dataclass``); unknown keys are errors.
+
+    node.py        NodePriorityConfig, DEFAULT_ACCELERATOR_PRIOR
+    sample.py      SamplePriorityConfig
+    continuity.py  ContinuityConfig
+    pipeline.py    PipelineConfig, OspreyConfig
+    pdml.py        PDMLConfig (one field per component)
+"""
+
+from pdml_ray.config.continuity import ContinuityConfig
+from pdml_ray.config.loading import load_dataclass
+from pdml_ray.config.node import DEFAULT_ACCELERATOR_PRIOR, NodePriorityConfig
+from pdml_ray.config.pdml import PDMLConfig
+from pdml_ray.config.pipeline import OspreyConfig, PipelineConfig
+from pdml_ray.config.sample import SamplePriorityConfig
+
+__all__ = ["DEFAULT_ACCELERATOR_PRIOR", "ContinuityConfig", "NodePriorityConfig", "OspreyConfig", "PDMLConfig",
+           "PipelineConfig", "SamplePriorityConfig", "load_dataclass"]

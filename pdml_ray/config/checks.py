@@ -1,0 +1,19 @@
+"""The two checks every config's ``__post_init__`` uses: a condition with a message, a finite number."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pdml_ray.errors import ConfigError
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ``ConfigError(message)`` unless ``ok``; the message names the field and the fix."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def finite(x: Any) -> bool:
+    """A real, finite number (bools and strings are not)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,92 @@
+"""Node priorities' config and the accelerator prior that seeds them before any measurement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdml_ray.config.checks import finite, require
+from pdml_ray.emulation import check_speed
+
+# Relative training throughput by accelerator type, used as the prior before any measurement.
+# Rough dense-BF16 ratios (H100 SXM = 1.0); only the ratios matter, and measurements replace them
+# within the first decision interval. Users override or extend them with ``NodePriorityConfig.prior``.
+DEFAULT_ACCELERATOR_PRIOR: dict[str, float] = {
+    "H200": 1.15,
+    "H100": 1.0,
+    "A100": 0.32,
+    "L40S": 0.37,
+    "A10G": 0.13,
+    "L4": 0.12,
+    "V100": 0.13,
+    "T4": 0.04,
+    "CPU": 0.01,
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class NodePriorityConfig:
+    """Node priorities: each worker's share of a fixed global batch follows its measured throughput."""
+
+    global_batch_size: int = 256
+    """Samples per optimizer step over all workers; per-worker batch sizes always sum to it."""
+    ema_alpha: float = 0.5
+    """Weight of the newest throughput measurement in the EMA (1.0 = use only the newest)."""
+    decision_interval: int = 5
+    """Steps between node decisions; all ranks switch to a new decision at the same step."""
+    warmup_steps: int = 2
+    """Steps whose reports are ignored at the start (allocator and kernel warm-up distort timings)."""
+    min_batch: int = 1
+    """Smallest per-worker batch. Every worker keeps at least this many samples per step."""
+    max_batch: int | None = None
+    """Largest per-worker batch (memory cap); None means no cap."""
+    hysteresis: float = 0.03
+    """Keep the current batch sizes unless the new ones cut the predicted step time by more than this fraction."""
+    prior: dict[str, float] = field(default_factory=dict)
+    """Relative speeds by accelerator type; merged over DEFAULT_ACCELERATOR_PRIOR."""
+    emulated_speeds: list[float] | None = None
+    """Per-worker emulated speed factors in (0, 1] for CPU machines and tests (see pdml_ray.emulation)."""
+    enabled: bool = True
+    """False keeps uniform shares (the baseline) while still measuring and reporting."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.global_batch_size, int) and self.global_batch_size >= 1,
+                 f"node_priority.global_batch_size must be a positive integer, got {self.global_batch_size!r}")
+        require(finite(self.ema_alpha) and 0.0 < self.ema_alpha <= 1.0,
+                 f"node_priority.ema_alpha must be in (0, 1] (e.g. 0.5), got {self.ema_alpha!r}")
+        require(isinstance(self.decision_interval, int) and self.decision_interval >= 1,
+                 f"node_priority.decision_interval must be an integer >= 1 step, got {self.decision_interval!r}")
+        require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
+                 f"node_priority.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        require(isinstance(self.min_batch, int) and self.min_batch >= 0,
+                 f"node_priority.min_batch must be an integer >= 0, got {self.min_batch!r}")
+        if self.max_batch is not None:
+            require(isinstance(self.max_batch, int) and self.max_batch >= max(1, self.min_batch),
+                     f"node_priority.max_batch must be an integer >= min_batch ({self.min_batch}) or None, "
+                     f"got {self.max_batch!r}")
+        require(finite(self.hysteresis) and 0.0 <= self.hysteresis < 1.0,
+                 f"node_priority.hysteresis must be in [0, 1) (a fraction of step time), got {self.hysteresis!r}")
+        for name, speed in self.prior.items():
+            require(finite(speed) and speed > 0,
+                     f"node_priority.prior[{name!r}] must be a positive relative speed, got {speed!r}")
+        if self.emulated_speeds is not None:
+            for i, s in enumerate(self.emulated_speeds):
+                check_speed(s, f"node_priority.emulated_speeds[{i}]")
+
+    def accelerator_prior(self) -> dict[str, float]:
+        """The effective prior table: defaults overridden by the user's entries."""
+        return {**DEFAULT_ACCELERATOR_PRIOR, **self.prior}
+
+    def check_workers(self, num_workers: int) -> None:
+        """Check that ``num_workers`` workers can satisfy the batch bounds; say what to change if not."""
+        require(num_workers >= 1, f"need at least one worker, got {num_workers}")
+        require(self.min_batch * num_workers <= self.global_batch_size,
+                 f"node_priority.min_batch={self.min_batch} x {num_workers} workers exceeds "
+                 f"global_batch_size={self.global_batch_size}; lower min_batch or raise global_batch_size")
+        if self.max_batch is not None:
+            require(self.max_batch * num_workers >= self.global_batch_size,
+                     f"node_priority.max_batch={self.max_batch} x {num_workers} workers is below "
+                     f"global_batch_size={self.global_batch_size}; raise max_batch or lower global_batch_size")
+        if self.emulated_speeds is not None:
+            require(len(self.emulated_speeds) == num_workers,
+                     f"node_priority.emulated_speeds has {len(self.emulated_speeds)} entries for "
+                     f"{num_workers} workers; give one speed per worker")

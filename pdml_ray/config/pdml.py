@@ -1,0 +1,55 @@
+"""``PDMLConfig``: every component's config in one place, loadable from a dict or YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdml_ray.config.checks import require
+from pdml_ray.config.continuity import ContinuityConfig
+from pdml_ray.config.loading import load_dataclass
+from pdml_ray.config.node import NodePriorityConfig
+from pdml_ray.config.pipeline import PipelineConfig
+from pdml_ray.config.sample import SamplePriorityConfig
+from pdml_ray.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class PDMLConfig:
+    """Everything pdml-ray needs to know, one section per component."""
+
+    node_priority: NodePriorityConfig = field(default_factory=NodePriorityConfig)
+    sample_priority: SamplePriorityConfig | None = None
+    """None (the default) keeps uniform sampling: a seeded permutation per epoch."""
+    continuity: ContinuityConfig = field(default_factory=ContinuityConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    """Micro-batch scheduling for the pipeline runtime (schedule name, osprey knobs, memory limit)."""
+    seed: int = 0
+    """Seed of the global permutation and of every random draw the scheduler makes."""
+    scheduler_name: str = "pdml-scheduler"
+    """Name of the scheduler actor (found by ``pdml-ray status``)."""
+    namespace: str = "pdml"
+    """Ray namespace of the scheduler actor."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        require(bool(self.scheduler_name), "scheduler_name must be a non-empty string")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PDMLConfig":
+        return load_dataclass(cls, data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "PDMLConfig":
+        import yaml
+
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,55 @@
+"""Sample priorities' config: loss-based importance sampling over the whole data set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pdml_ray.config.checks import finite, require
+
+@dataclass(kw_only=True, slots=True)
+class SamplePriorityConfig:
+    """Sample priorities: loss-based importance sampling over the whole data set."""
+
+    score: Literal["loss", "loss_ema"] = "loss"
+    """Per-sample score: the last loss, or an EMA of the losses seen for that sample."""
+    score_ema: float = 0.5
+    """Weight of the newest loss when score == 'loss_ema'."""
+    exponent: float = 1.0
+    """Temperature alpha: sampling weight ~ score**alpha (0 = uniform, 1 = proportional)."""
+    uniform_mix: float = 0.1
+    """Probability mass spread uniformly over all samples, so every sample keeps a chance."""
+    staleness_decay: float = 0.0
+    """Per-step multiplicative pull of scores not refreshed for a while towards the mean (0 = off)."""
+    stale_after: int = 100
+    """Steps after which a score counts as stale and starts to decay."""
+    is_exponent_start: float = 0.4
+    """Importance-weight exponent beta at step 0 (annealed linearly to 1.0)."""
+    is_anneal_steps: int = 1000
+    """Steps over which beta goes from is_exponent_start to 1.0 (unbiased)."""
+    replacement: bool = True
+    """Draw a step's indices with replacement (exactly unbiased); False draws distinct indices."""
+    unseen_score: Literal["max", "mean"] = "max"
+    """Score of samples that have no loss yet: the largest score seen so far (optimistic: the first
+    epoch visits every sample before exploiting), or the mean seen score (exploits high-loss samples
+    as soon as they are found; the uniform mix and the mean weight still visit the rest)."""
+
+    def __post_init__(self) -> None:
+        require(self.unseen_score in ("max", "mean"),
+                 f"sample_priority.unseen_score must be 'max' or 'mean', got {self.unseen_score!r}")
+        require(self.score in ("loss", "loss_ema"),
+                 f"sample_priority.score must be 'loss' or 'loss_ema', got {self.score!r}")
+        require(finite(self.score_ema) and 0.0 < self.score_ema <= 1.0,
+                 f"sample_priority.score_ema must be in (0, 1], got {self.score_ema!r}")
+        require(finite(self.exponent) and 0.0 <= self.exponent <= 10.0,
+                 f"sample_priority.exponent must be in [0, 10] (1.0 = proportional to loss), got {self.exponent!r}")
+        require(finite(self.uniform_mix) and 0.0 <= self.uniform_mix <= 1.0,
+                 f"sample_priority.uniform_mix must be in [0, 1] (e.g. 0.1), got {self.uniform_mix!r}")
+        require(finite(self.staleness_decay) and 0.0 <= self.staleness_decay < 1.0,
+                 f"sample_priority.staleness_decay must be in [0, 1), got {self.staleness_decay!r}")
+        require(isinstance(self.stale_after, int) and self.stale_after >= 1,
+                 f"sample_priority.stale_after must be an integer >= 1 step, got {self.stale_after!r}")
+        require(finite(self.is_exponent_start) and 0.0 <= self.is_exponent_start <= 1.0,
+                 f"sample_priority.is_exponent_start must be in [0, 1], got {self.is_exponent_start!r}")
+        require(isinstance(self.is_anneal_steps, int) and self.is_anneal_steps >= 0,
+                 f"sample_priority.is_anneal_steps must be an integer >= 0, got {self.is_anneal_steps!r}")

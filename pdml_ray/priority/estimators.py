@@ -1,0 +1,57 @@
+"""The one exponential moving average behind every estimate the derivers keep.
+
+Node priorities smooth each worker's throughput (samples/s), osprey each (stage, replica, kind)
+latency (seconds), sample priorities each sample's loss (``score='loss_ema'``; ``'loss'`` is the same
+EMA with ``alpha = 1``). All three share one rule:
+
+    first observation of a slot:   value <- x                       (replaces the prior outright)
+    later observations:            value <- (1 - alpha) * value + alpha * x
+
+``values`` holds the prior (NaN unless given) until a slot is first observed; ``measured`` says
+which slots have been. Owners may also write ``values`` directly (a decay towards the mean, a
+recalibration): the EMA then continues from what they wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pdml_ray.errors import ConfigError
+
+
+class EMA:
+    """Exponential moving average over a fixed array of slots (float64, any shape)."""
+
+    def __init__(self, shape: int | tuple[int, ...], alpha: float, prior: float | np.ndarray = np.nan) -> None:
+        if not (isinstance(alpha, (int, float)) and 0.0 < alpha <= 1.0):
+            raise ConfigError(f"EMA weight alpha must be in (0, 1] (1.0 = newest only), got {alpha!r}")
+        self.alpha = float(alpha)
+        self.values = np.empty(shape, dtype=np.float64)
+        self.values[...] = prior
+        self.measured = np.zeros(self.values.shape, dtype=bool)
+
+    def update(self, index: Any, x: float | np.ndarray) -> None:
+        """Fold observation(s) ``x`` into slot(s) ``index`` (an int, a tuple, or unique int arrays)."""
+        old, seen = self.values[index], self.measured[index]
+        if np.ndim(old) == 0:  # one slot: plain floats, no temporary arrays
+            self.values[index] = (1.0 - self.alpha) * float(old) + self.alpha * float(x) if seen else float(x)
+        else:
+            self.values[index] = np.where(seen, (1.0 - self.alpha) * old + self.alpha * np.asarray(x), x)
+        self.measured[index] = True
+
+    @property
+    def all_measured(self) -> bool:
+        return bool(self.measured.all())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"values": self.values.tolist(), "measured": self.measured.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        values = np.asarray(state["values"], dtype=np.float64)
+        if values.shape != self.values.shape:
+            raise ConfigError(f"saved estimates have shape {values.shape}, this run needs {self.values.shape}; "
+                              "resume with the same number of workers (stages, samples)")
+        self.values = values
+        self.measured = np.asarray(state["measured"], dtype=bool).reshape(values.shape)
