@@ -33,7 +33,7 @@ def main() -> int:
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=True),
         pdml_config=PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=4096)),
     ).fit()
-    stats = result.scheduler_stats
+    stats = result.pdml.stats
     node = stats.derivers["node"]
     print("accelerators:", list(node.accelerator_types))
     print("rates (samples/s):", [round(r) for r in node.rates], "batch sizes:", list(node.batch_sizes))

@@ -36,7 +36,7 @@ def main() -> None:
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=args.gpu),
         pdml_config=config,
     ).fit()
-    stats = result.scheduler_stats
+    stats = result.pdml.stats
     node = stats.derivers["node"]
     print(f"final batch sizes {list(node.batch_sizes)} (decision v{stats.versions['node']}, rates {node.rate_source}: "
           f"{[round(r) for r in node.rates]} samples/s)")

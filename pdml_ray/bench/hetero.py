@@ -71,7 +71,7 @@ def _storage() -> str:
 
 def summarise(result, skip: int) -> dict[str, Any]:
     """Per-step figures from the scheduler's telemetry, steady state (steps >= skip) only."""
-    t, stats = result.telemetry, result.scheduler_stats
+    t, stats = result.pdml.telemetry, result.pdml.stats
     steps = t["step"].astype(int)
     keep = steps >= skip
     n = int(t["worker_id"].max()) + 1

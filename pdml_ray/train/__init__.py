@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 from pdml_ray.train.context import PDMLContext, StepBatch, get_context
 
 if TYPE_CHECKING:
-    from pdml_ray.train.trainer import PDMLResult, PDMLTrainer
+    from pdml_ray.train.trainer import PDMLRunInfo, PDMLTrainer
 
-__all__ = ["PDMLContext", "PDMLResult", "PDMLTrainer", "StepBatch", "get_context"]
+__all__ = ["PDMLContext", "PDMLRunInfo", "PDMLTrainer", "StepBatch", "get_context"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("PDMLTrainer", "PDMLResult"):
+    if name in ("PDMLTrainer", "PDMLRunInfo"):
         from pdml_ray.train import trainer
 
         return getattr(trainer, name)

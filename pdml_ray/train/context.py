@@ -24,6 +24,7 @@ import os
 import pickle
 import time
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.emulation import emulate_speed
 from pdml_ray.errors import UsageError
-from pdml_ray.train.grad_sync import WeightedGradSync
+from pdml_ray.train.wrappers import GradientCombiner, OwnSync, Sync, check_supported, combiner_for, describe
 
 log = logging.getLogger(__name__)
 
@@ -80,37 +81,52 @@ class StepScope:
         self._per_sample: torch.Tensor | None = None
 
     def loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
-        """Weighted mean of per-sample losses (shape (b_i,)); a zero-size batch gives a zero loss."""
+        """Weighted mean of per-sample losses (shape (b_i,)); a zero-size batch gives a zero loss.
+
+        Under FSDP2 the result also carries the factor ``w_i * world_size`` (see ``wrappers``)."""
+        b = len(self.batch.indices)
+        if per_sample_loss.dim() > 1 or per_sample_loss.numel() != b:
+            raise UsageError(f"step.loss needs one loss per sample of this step's batch, shape ({b},); got shape "
+                             f"{tuple(per_sample_loss.shape)}. Compute the loss with reduction='none' on exactly "
+                             "the samples of batch.indices (a loss that is already a mean would be divided again)")
         self._per_sample = per_sample_loss.detach()
         w = self.batch.sample_weights
         # float(): half-precision losses meet float32 weights as the product used to promote them
         total = (per_sample_loss.sum() if w is None
                  else per_sample_loss.float() @ torch.as_tensor(w, device=per_sample_loss.device))
-        return total / max(len(self.batch.indices), 1)
+        scale = self.ctx._combiner.loss_scale(self.batch.grad_weight) if self.ctx._combiner is not None else 1.0
+        return total * (scale / max(b, 1))
 
     def __enter__(self) -> "StepScope":
-        if self.ctx._sync is None:
+        if self.ctx._combiner is None:
             raise UsageError("call ctx.prepare_model(model) before the first ctx.step(batch)")
-        self.ctx._sync.begin(self.batch.grad_weight)
+        self.ctx._combiner.begin(self.batch.grad_weight)
+        if isinstance(self.ctx._combiner, OwnSync):
+            _OPEN_OWN_SYNC_STEPS.add(id(self))
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        ctx, sync = self.ctx, self.ctx._sync
-        assert sync is not None  # checked in __enter__
+        ctx, combiner = self.ctx, self.ctx._combiner
+        assert combiner is not None  # checked in __enter__
+        _OPEN_OWN_SYNC_STEPS.discard(id(self))
         if exc_type is not None:
-            sync.abort()  # the exception propagates to the user
+            combiner.abort()  # the exception propagates to the user
             return
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # kernels are async: time them, not their launch
         # Launching the all-reduce from inside backward (flatten, scale) is communication, not compute:
-        # it costs the same at any batch size, and counting it would skew the throughput shares.
-        launch_s = sync.launch_s
-        compute_s = time.perf_counter() - self._t0 - launch_s
+        # it costs the same at any batch size, and counting it would skew the throughput shares. Under
+        # DDP, backward() returns only once every bucket is reduced: compute ended when the last bucket
+        # became ready (the hook notes it), and the rest is waiting on the collective.
+        launch_s = combiner.launch_s
+        now = time.perf_counter()
+        end = combiner.compute_end() or now
+        compute_s = end - self._t0 - launch_s
         compute_s += emulate_speed(compute_s, ctx.speed)  # the emulated slowdown counts as compute
         t1 = time.perf_counter()
-        sync.finish()  # buckets already in flight since backward
-        wait_s = time.perf_counter() - t1 + launch_s
+        combiner.finish()  # own sync: buckets already in flight since backward
+        wait_s = time.perf_counter() - t1 + launch_s + (now - end)
         ctx._finish_step(self.batch, compute_s, wait_s, self._per_sample)
 
 
@@ -134,10 +150,10 @@ class PDMLContext:
         self.global_step = 0
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
-        self._sync: WeightedGradSync | None = None
-        # Overlap the all-reduce with backward on GPUs (NCCL runs beside the kernels). On CPUs (gloo)
-        # the collective's threads take cores from the compute itself, so it runs after backward.
-        # Set before prepare_model; False also allows several backward passes per step.
+        self._combiner: GradientCombiner | None = None
+        # Own sync only: overlap the all-reduce with backward on GPUs (NCCL runs beside the kernels).
+        # On CPUs (gloo) the collective's threads take cores from the compute itself, so it runs after
+        # backward. Set before prepare_model; False also allows several backward passes per step.
         self.overlap_comm = device.type == "cuda"
         self._reports: list[WorkerReport] = []
         self._plans: dict[int, SamplePlan] = {}
@@ -151,16 +167,29 @@ class PDMLContext:
             dist.barrier()  # every worker registered before rank 0 fetches the first decision
 
     # -- model ---------------------------------------------------------------------------------
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move to the device, make all ranks start from rank 0's parameters, and hook the weighted
-        gradient all-reduce into backward (bucketed; overlapped on GPUs; see grad_sync.py). Call once."""
-        model = model.to(self.device)
+    def prepare_model(self, model: torch.nn.Module, sync: Sync = "auto") -> torch.nn.Module:
+        """Make every rank's gradient carry its weight ``b_i / B`` (see ``wrappers``). Call once.
+
+        ``sync='auto'`` keeps the user's wrapper: a ``DistributedDataParallel`` model gets a weighting
+        communication hook, a ``fully_shard`` (FSDP2) model a loss scale, and a plain module is moved
+        to the device, given rank 0's parameters and pdml-ray's bucketed weighted all-reduce.
+        ``sync='ddp'`` wraps a plain module in DDP (as ``ray.train.torch.prepare_model`` does) with the
+        hook. A wrapped model keeps ``.module`` as DDP does.
+        """
+        if self._combiner is not None:
+            raise UsageError("ctx.prepare_model was already called: prepare one model per training run")
+        check_supported(model, sync)
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel) and not _is_sharded(model):
+            model = model.to(self.device)
+            if self.world_size > 1 and sync != "ddp":  # DDP broadcasts rank 0's parameters itself
+                with torch.no_grad():
+                    for p in model.parameters():
+                        dist.broadcast(p.data, src=0)
+        model, self._combiner = combiner_for(model, sync, self.world_size, self.device, self.overlap_comm)
         self._params = [p for p in model.parameters() if p.requires_grad]
-        if self.world_size > 1:
-            with torch.no_grad():
-                for p in model.parameters():
-                    dist.broadcast(p.data, src=0)
-        self._sync = WeightedGradSync(self._params, overlap=self.overlap_comm)
+        _install_optimizer_guard()
+        if self.rank == 0:
+            log.info("pdml-ray gradient weights: %s", describe(self._combiner))
         return model
 
     def measure_comm_s(self, repeats: int = 10) -> float:
@@ -343,3 +372,29 @@ class PDMLContext:
         if self.client is not None:
             self.client.report(self._reports)
         self._reports = []
+
+
+_OPEN_OWN_SYNC_STEPS: set[int] = set()  # step blocks whose gradients pdml-ray's own sync has not combined yet
+_guard_installed = False
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    from pdml_ray.train.wrappers import is_fsdp2
+
+    return is_fsdp2(model)
+
+
+def _refuse_early_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if _OPEN_OWN_SYNC_STEPS:
+        raise UsageError("optimizer.step() was called inside `with ctx.step(batch)`, before the gradients were "
+                         "combined across workers (ranks would diverge); call it after the block")
+
+
+def _install_optimizer_guard() -> None:
+    """A global optimizer pre-step hook, once per process: refuse a step inside an own-sync step block."""
+    global _guard_installed
+    if not _guard_installed:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(_refuse_early_optimizer_step)
+        _guard_installed = True

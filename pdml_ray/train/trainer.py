@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -61,16 +62,26 @@ def _takes_config(fn: Callable) -> bool:
     return len(inspect.signature(fn).parameters) > 0
 
 
-@dataclass
-class PDMLResult:
-    """Ray Train's result plus what the scheduler saw: final decision, rates, telemetry columns."""
+@dataclass(frozen=True)
+class PDMLRunInfo:
+    """What pdml-ray adds to Ray Train's ``Result`` of a ``PDMLTrainer.fit()``, as ``result.pdml``."""
 
-    train_result: Any
-    scheduler_stats: SchedulerStats | None
+    stats: SchedulerStats | None
     """The scheduler's typed stats at the end (None if the scheduler was lost)."""
-    decisions: list
-    telemetry: dict
-    scheduler_state: dict
+    decisions: list[dict[str, Any]] = field(repr=False)
+    """Every node decision the scheduler published (version, effective_step, batch_sizes, ...)."""
+    telemetry: dict[str, Any] = field(repr=False)
+    """The report log as numpy columns (worker_id, step, samples, compute_s, wait_s, step_s, ...)."""
+    scheduler_state: dict[str, Any] = field(repr=False)
+    warnings: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        if self.stats is None:
+            return "PDMLRunInfo(scheduler lost)"
+        node = self.stats.derivers.get("node")
+        sizes = list(node.batch_sizes) if node is not None else []  # type: ignore[attr-defined]
+        return (f"PDMLRunInfo(decisions={len(self.decisions)}, reports={self.stats.reports_received}, "
+                f"batch_sizes={sizes}{', warnings=' + str(len(self.warnings)) if self.warnings else ''})")
 
 
 class PDMLTrainer:
@@ -78,7 +89,9 @@ class PDMLTrainer:
 
     Same ``train_loop_per_worker``, ``train_loop_config``, ``scaling_config``, ``run_config`` (and
     any other ``TorchTrainer`` keyword); ``pdml_config`` adds pdml-ray. Inside the loop, call
-    ``pdml_ray.train.get_context()``.
+    ``pdml_ray.train.get_context()``. ``fit()`` returns Ray Train's own ``Result`` (metrics,
+    checkpoint, error as usual) with pdml-ray's additions in one place: ``result.pdml``
+    (``PDMLRunInfo``: scheduler stats, decision history, telemetry, scheduler state, warnings).
     """
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
@@ -93,13 +106,19 @@ class PDMLTrainer:
         self.scaling_config = scaling_config or ScalingConfig(num_workers=1)
         self.run_config = run_config
         self.pdml_config = pdml_config or PDMLConfig()
-        self.num_workers = int(self.scaling_config.num_workers)  # type: ignore[arg-type]  # an int in PDMLTrainer
+        workers = self.scaling_config.num_workers
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ConfigError(f"PDMLTrainer needs a fixed number of workers, ScalingConfig(num_workers=N) with "
+                              f"N >= 1; got num_workers={workers!r} (elastic ranges are not supported: batch "
+                              "shares are split over a fixed set of ranks)")
+        self.num_workers = workers
         self.pdml_config.node_priority.check_workers(self.num_workers)
         self.keep_scheduler = keep_scheduler
         self.scheduler = None  # the scheduler actor's handle after fit() when keep_scheduler=True
         self.kwargs = torch_trainer_kwargs
 
-    def fit(self) -> PDMLResult:
+    def fit(self) -> Any:
+        """Train; returns Ray Train's ``Result`` with ``result.pdml`` (a ``PDMLRunInfo``) attached."""
         from ray.train.torch import TorchTrainer
 
         scheduler = get_or_create_scheduler(self.pdml_config, self.num_workers)
@@ -122,4 +141,13 @@ class PDMLTrainer:
                 self.scheduler = scheduler  # holding the handle keeps the (non-detached) actor alive
             else:
                 ray.kill(scheduler)  # a later fit() with the same name starts from a fresh scheduler
-        return PDMLResult(result, stats, decisions, telemetry, state)
+        warnings_: list[str] = []
+        if stats is not None and stats.reports_received == 0:
+            warnings_.append("the training loop never ran a step through pdml-ray (no `with ctx.step(batch)`): it "
+                             "trained as plain data parallelism, and no batch size pdml-ray decided was used; "
+                             "see the README's loop")
+        for w in warnings_:
+            warnings.warn(w, stacklevel=2)
+            log.warning("%s", w)
+        result.pdml = PDMLRunInfo(stats, decisions, telemetry, state, tuple(warnings_))  # type: ignore[attr-defined]
+        return result

@@ -93,3 +93,57 @@ def sampling_loop(config):
     saved = ctx.save_scheduler_state(config["checkpoint_dir"])
     with open(f"{config['out']}.{ctx.rank}", "w") as f:
         json.dump({"drawn": drawn, "sizes": sizes, "weights_min": weights_seen, "saved": saved}, f)
+
+
+def wrapped_loop(config):
+    """A model the user wrapped (DDP, or FSDP2's fully_shard) under unequal batch sizes; each step rank 0
+    compares the combined gradient with the same global batch's gradient in one process."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    torch.set_num_threads(1)
+    ctx = get_context()
+    steps = config["steps"]
+    x, y = make_classification(steps * 256, 32, 4, seed=2)
+    model = make_mlp(32, 64, 4, depth=2, seed=2)  # the same start on every rank
+    reference = make_mlp(32, 64, 4, depth=2, seed=2)
+    if config["sync"] == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    model = ctx.prepare_model(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def full(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    checks = []
+    for batch in ctx.epoch(0, len(x)):
+        with ctx.step(batch) as step:
+            step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
+        everyone = [None] * ctx.world_size
+        dist.all_gather_object(everyone, batch.indices)
+        params = [full(p.detach()) for p in model.parameters()]  # collectives under FSDP2: every rank
+        grads = [full(p.grad) for p in model.parameters()]
+        if ctx.rank == 0:
+            with torch.no_grad():
+                for q, p in zip(reference.parameters(), params):
+                    q.copy_(p)
+            reference.zero_grad()
+            idx = np.concatenate(everyone)
+            F.cross_entropy(reference(x[idx]), y[idx]).backward()
+            diff = max((g - q.grad).abs().max().item() for g, q in zip(grads, reference.parameters()))
+            checks.append({"step": batch.step, "sizes": [len(e) for e in everyone], "max_abs_diff": diff})
+        optimizer.step()
+        optimizer.zero_grad()
+    if ctx.rank == 0:
+        with open(config["out"], "w") as f:
+            json.dump({"checks": checks, "has_module": hasattr(model, "module") or config["sync"] == "fsdp"}, f)
+
+
+def plain_loop(config):
+    """A loop that never goes through the context: it trains (here: does nothing) without pdml-ray."""
+    get_context()

@@ -72,4 +72,4 @@ def test_training_survives_the_scheduler_dying(run):
     # a bundle computed before the kill may still land at the next boundary; after that nothing can
     settled = out["sizes"][KILL_AT + 2 * 4]
     assert all(s == settled for s in out["sizes"][KILL_AT + 2 * 4:])
-    assert result.scheduler_stats is None  # its state is gone, the training result is not
+    assert result.pdml.stats is None  # its state is gone, the training result is not

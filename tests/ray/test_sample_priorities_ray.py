@@ -63,4 +63,4 @@ def test_the_sample_table_survives_a_checkpoint(run):
     table = restored.derivers["sample"].table
     assert table is not None and table.num_samples == N
     assert table.scores[:HARD].mean() > 2 * table.scores[HARD:].mean()
-    assert "sample" in result.scheduler_stats.derivers
+    assert "sample" in result.pdml.stats.derivers

@@ -1,0 +1,194 @@
+"""Per-worker gradient weights ``w_i = b_i / B`` through the standard wrappers: DDP and FSDP2.
+
+Every rank must end with ``sum_i w_i g_i`` (``g_i``: the mean gradient over its own ``b_i`` samples),
+the mean gradient over the global batch. How each wrapper gets there:
+
+- **DDP** (``DistributedDataParallel``): a communication hook. DDP's default hook divides each
+  bucket by the world size after a SUM all-reduce; ours multiplies the bucket by ``w_i`` before it
+  instead, so the SUM is the weighted sum. No extra pass over the gradients, nothing changes in the
+  user's loss, and DDP keeps doing everything else it does (bucketing, overlap with backward,
+  ``no_sync`` accumulation, buffers such as BatchNorm's running statistics broadcast from rank 0).
+  The hook also notes when the last bucket became ready: that is when backward's compute ended, so
+  compute time excludes the all-reduce and the wait for slower ranks that ``backward()`` blocks on.
+- **FSDP2** (``fully_shard``): its reduce-scatter averages over ranks, and it offers no per-bucket
+  hook, so the loss is scaled by ``w_i * world_size``: the average of ``w_i N g_i`` is ``sum w_i g_i``.
+  Its compute time still includes the reduce-scatter (FSDP2 exposes no point where backward's
+  compute alone has ended).
+- **pdml-ray's own bucketed sync** (``grad_sync.WeightedGradSync``) for a plain module.
+
+FSDP1 (``FullyShardedDataParallel``) and other wrappers are refused with a message naming the
+supported ones: their reductions would silently average the weighted gradients again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pdml_ray.errors import ConfigError, UsageError
+from pdml_ray.train.grad_sync import WeightedGradSync
+
+Sync = Literal["auto", "ddp", "pdml"]
+
+
+class GradientCombiner:
+    """What a step needs from a wrapper: arm the weight, scale the loss, finish, and when compute ended."""
+
+    name = "none"
+
+    def begin(self, weight: float) -> None:
+        """Arm one step's backward with this rank's weight ``b_i / B``."""
+
+    def loss_scale(self, weight: float) -> float:
+        """Factor on the step's loss (1.0 unless the wrapper averages over ranks on its own)."""
+        return 1.0
+
+    def compute_end(self) -> float | None:
+        """``time.perf_counter()`` when backward's compute ended, if known (else the caller's now)."""
+        return None
+
+    @property
+    def launch_s(self) -> float:
+        """Seconds of communication launch spent inside backward (not compute)."""
+        return 0.0
+
+    def finish(self) -> None:
+        """Complete the combination; ``.grad`` then holds the global-batch mean gradient."""
+
+    def abort(self) -> None:
+        """Disarm after a failed step."""
+
+
+class OwnSync(GradientCombiner):
+    """A plain module: pdml-ray's bucketed weighted all-reduce (``grad_sync.WeightedGradSync``)."""
+
+    name = "pdml"
+
+    def __init__(self, params: list[nn.Parameter], overlap: bool) -> None:
+        self.sync = WeightedGradSync(params, overlap=overlap)
+
+    def begin(self, weight: float) -> None:
+        self.sync.begin(weight)
+
+    @property
+    def launch_s(self) -> float:
+        return self.sync.launch_s
+
+    def finish(self) -> None:
+        self.sync.finish()
+
+    def abort(self) -> None:
+        self.sync.abort()
+
+
+class DDPHook(GradientCombiner):
+    """A ``DistributedDataParallel`` model: the weighting communication hook (see the module docstring)."""
+
+    name = "ddp"
+
+    def __init__(self, model: nn.parallel.DistributedDataParallel) -> None:
+        self.weight = 1.0 / max(1, model.process_group.size() if hasattr(model, "process_group") else 1)
+        self.group = getattr(model, "process_group", None)
+        self._last_ready: float | None = None
+        self._launch = 0.0
+        try:
+            model.register_comm_hook(self, DDPHook._hook)
+        except RuntimeError as e:  # DDP allows one hook, registered before the first backward
+            raise UsageError(f"cannot weight this DDP model's gradients ({e}); pass the model to "
+                             "ctx.prepare_model before any backward and without a communication hook "
+                             "of its own") from None
+
+    @staticmethod
+    def _hook(state, bucket):
+        # (DDPHook, dist.GradBucket) -> Future[Tensor]. No annotations: DDP checks them at registration
+        # and this module's postponed (string) annotations would fail that check.
+        t0 = time.perf_counter()
+        if bucket.is_last():
+            state._last_ready = t0
+        tensor = bucket.buffer().mul_(state.weight)
+        future = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
+        state._launch += time.perf_counter() - t0
+        return future.then(lambda f: f.value()[0])
+
+    def begin(self, weight: float) -> None:
+        self.weight, self._last_ready, self._launch = weight, None, 0.0
+
+    def compute_end(self) -> float | None:
+        return self._last_ready
+
+    @property
+    def launch_s(self) -> float:
+        return self._launch
+
+
+class LossScale(GradientCombiner):
+    """An FSDP2 (``fully_shard``) model: scale the loss by ``w_i * world_size`` under its averaging."""
+
+    name = "fsdp"
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+
+    def loss_scale(self, weight: float) -> float:
+        return weight * self.world_size
+
+
+def is_fsdp2(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # an old torch without FSDP2
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def check_supported(model: nn.Module, sync: str) -> None:
+    """Refuse what would silently give wrong gradients, before anything touches the model."""
+    if sync not in ("auto", "ddp", "pdml"):
+        raise ConfigError(f"sync must be 'auto', 'ddp' or 'pdml', got {sync!r}")
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):
+        raise UsageError("FSDP1 (FullyShardedDataParallel) is not supported: its reduction would average the "
+                         "weighted gradients again. Shard with FSDP2 (torch.distributed.fsdp.fully_shard) or DDP")
+
+
+def combiner_for(model: nn.Module, sync: Sync, world_size: int, device: torch.device,
+                 overlap: bool) -> tuple[nn.Module, GradientCombiner]:
+    """The (possibly wrapped) model and how its gradients get their weights.
+
+    ``sync='auto'`` keeps what the user chose: a DDP model gets the hook, an FSDP2 model the loss
+    scale, a plain module pdml-ray's own sync. ``sync='ddp'`` wraps a plain module in DDP first.
+    """
+    check_supported(model, sync)
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        if sync == "pdml":
+            raise UsageError("the model is already wrapped in DDP: use sync='auto' (the DDP weighting hook) or "
+                             "pass the unwrapped module (model.module) for sync='pdml'")
+        return model, DDPHook(model)
+    if is_fsdp2(model):
+        if sync != "auto":
+            raise UsageError(f"the model is sharded with fully_shard (FSDP2): sync={sync!r} does not apply; "
+                             "use sync='auto'")
+        return model, LossScale(world_size)
+    if sync == "ddp":
+        if world_size > 1 or (dist.is_available() and dist.is_initialized()):
+            ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+            return ddp, DDPHook(ddp)
+        return model, GradientCombiner()  # one process, no group: nothing to combine
+    params = [p for p in model.parameters() if p.requires_grad]
+    return model, OwnSync(params, overlap=overlap)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside a DDP wrapper (FSDP2 modules are their own module)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def describe(combiner: Any) -> str:
+    return {"ddp": "DDP with pdml-ray's weighting communication hook",
+            "fsdp": "FSDP2 (fully_shard) with the loss scaled by w_i * world_size",
+            "pdml": "pdml-ray's bucketed weighted all-reduce"}.get(getattr(combiner, "name", ""), "no combination")

@@ -1,0 +1,49 @@
+"""Gradient weights through the standard wrappers on real Ray Train workers (gloo): a model the user
+wrapped in DDP, or sharded with FSDP2's fully_shard, trains with unequal batch sizes and its combined
+gradient equals the gradient of the same global batch computed in one process."""
+
+import json
+
+import pytest
+import ray.train
+
+from pdml_ray.config import NodePriorityConfig, PDMLConfig
+from pdml_ray.errors import ConfigError
+from pdml_ray.train import PDMLTrainer
+
+from loops import plain_loop, wrapped_loop
+
+
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+def test_combined_gradient_equals_the_global_batch_gradient(ray_local, tmp_path, sync):
+    out = tmp_path / "out.json"
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=256, emulated_speeds=[1.0, 0.4],
+                                                         decision_interval=2, warmup_steps=1, ema_alpha=1.0),
+                        scheduler_name=f"wrappers-{sync}")
+    PDMLTrainer(wrapped_loop, train_loop_config={"out": str(out), "steps": 10, "sync": sync},
+                scaling_config=ray.train.ScalingConfig(num_workers=2),
+                run_config=ray.train.RunConfig(name=f"wrappers-{sync}", storage_path=str(tmp_path)),
+                pdml_config=config).fit()
+    result = json.loads(out.read_text())
+    unequal = [c for c in result["checks"] if c["sizes"][0] != c["sizes"][1]]
+    assert len(unequal) >= 3, result["checks"]
+    for check in result["checks"]:
+        assert check["max_abs_diff"] < 1e-5, check
+    assert result["has_module"]
+
+
+def test_fit_returns_ray_trains_result_and_says_when_the_loop_never_used_pdml(ray_local, tmp_path):
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8), scheduler_name="wrappers-plain")
+    with pytest.warns(UserWarning, match="never ran a step through pdml-ray"):
+        result = PDMLTrainer(plain_loop, scaling_config=ray.train.ScalingConfig(num_workers=1),
+                             run_config=ray.train.RunConfig(name="wrappers-plain", storage_path=str(tmp_path)),
+                             pdml_config=config).fit()
+    assert isinstance(result, ray.train.Result) and result.error is None
+    assert result.pdml.stats.reports_received == 0 and result.pdml.warnings
+    assert "PDMLRunInfo(" in repr(result.pdml) and len(repr(result.pdml)) < 200
+
+
+def test_scaling_configs_pdml_ray_cannot_split_over_are_refused():
+    with pytest.raises(ConfigError, match="fixed number of workers"):
+        PDMLTrainer(plain_loop, scaling_config=ray.train.ScalingConfig(num_workers=0),
+                    pdml_config=PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8)))

@@ -1,0 +1,108 @@
+"""Gradient weights through DDP's hook and FSDP2's loss scale, and the guard rails, on a real one-rank
+gloo group (no Ray). The two-rank exactness tests are in tests/ray/test_wrappers_ray.py."""
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pdml_ray.config import NodePriorityConfig, PDMLConfig
+from pdml_ray.errors import UsageError
+from pdml_ray.train.context import PDMLContext, StepBatch
+from pdml_ray.train.wrappers import DDPHook, LossScale, OwnSync
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def _ctx():
+    return PDMLContext(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=12)), 0, 1,
+                       torch.device("cpu"), "CPU", None)
+
+
+def _batch(n=12, weight=1.0):
+    return StepBatch(step=0, epoch=0, indices=np.arange(n), grad_weight=weight, decision_version=0)
+
+
+def _reference_grads(x, y):
+    ref = _model()
+    F.cross_entropy(ref(x), y).backward()
+    return [p.grad for p in ref.parameters()]
+
+
+def test_a_ddp_model_is_detected_and_its_buckets_carry_the_weight(gloo):
+    x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
+    ctx = _ctx()
+    model = ctx.prepare_model(torch.nn.parallel.DistributedDataParallel(_model()))
+    assert isinstance(ctx._combiner, DDPHook) and hasattr(model, "module")  # no second wrapper, .module kept
+    batch = _batch(weight=0.25)  # one rank holding a quarter of a (hypothetical) global batch
+    with ctx.step(batch) as step:
+        step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
+    for p, g in zip(model.parameters(), _reference_grads(x, y)):
+        torch.testing.assert_close(p.grad, 0.25 * g)  # the SUM over ranks of w_i g_i: here w_0 g_0
+    assert ctx._reports[-1].compute_s > 0
+
+
+def test_a_plain_module_gets_the_own_sync_and_sync_ddp_wraps_it(gloo):
+    assert isinstance(_ctx()._combiner, type(None))
+    ctx = _ctx()
+    ctx.prepare_model(_model())
+    assert isinstance(ctx._combiner, OwnSync)
+    ctx = _ctx()
+    wrapped = ctx.prepare_model(_model(), sync="ddp")
+    assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and isinstance(ctx._combiner, DDPHook)
+    with pytest.raises(UsageError, match="already called"):
+        ctx.prepare_model(_model())
+
+
+def test_fsdp2_gets_the_loss_scale_and_fsdp1_is_refused(gloo):
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+    ctx = _ctx()
+    ctx.prepare_model(fully_shard(_model()))
+    assert isinstance(ctx._combiner, LossScale)
+    loss = ctx.step(_batch(weight=0.25)).loss(torch.ones(12))
+    assert loss.item() == pytest.approx(0.25 * 1)  # mean 1 x w_i x world_size (1)
+    fsdp1 = FullyShardedDataParallel.__new__(FullyShardedDataParallel)  # FSDP1 cannot be built on a CPU
+    torch.nn.Module.__init__(fsdp1)
+    with pytest.raises(UsageError, match="FSDP1"):
+        _ctx().prepare_model(fsdp1)
+
+
+def test_a_loss_that_is_not_one_per_sample_is_refused(gloo):
+    ctx = _ctx()
+    ctx.prepare_model(_model())
+    step = ctx.step(_batch(n=12))
+    with pytest.raises(UsageError, match="one loss per sample"):
+        step.loss(torch.tensor(0.7))  # already a mean: would be divided by the batch size again
+    with pytest.raises(UsageError, match="one loss per sample"):
+        step.loss(torch.ones(8))  # a DataLoader batch that is not this step's indices
+
+
+def test_optimizer_step_inside_the_step_block_is_refused_under_the_own_sync(gloo):
+    ctx = _ctx()
+    model = ctx.prepare_model(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
+    with pytest.raises(UsageError, match="after the block"):
+        with ctx.step(_batch()) as step:
+            step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
+            opt.step()
+    with ctx.step(_batch()) as step:  # the scope recovered: a correct step goes through
+        step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
+    opt.step()
