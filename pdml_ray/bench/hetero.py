@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="alternating repetitions of both arms (default 3, --quick 1)")
     parser.add_argument("--global-batch", type=int, default=1024, help="global batch size (default 1024)")
     parser.add_argument("--hidden", type=int, default=1024, help="MLP hidden width (default 1024)")
+    parser.add_argument("--sync", choices=("pdml", "ddp", "fsdp"), default="pdml",
+                        help="how gradients are combined: pdml-ray's own bucketed sync (default), the model "
+                             "wrapped in DDP (weighting hook), or sharded with FSDP2 (loss scale)")
 
 
 def parse_speeds(text: str, workers: int | None) -> list[float]:
@@ -40,7 +43,7 @@ def parse_speeds(text: str, workers: int | None) -> list[float]:
 def workload(args: argparse.Namespace, steps: int, label: str, progress_every: int = 0) -> dict[str, Any]:
     return {"num_samples": steps * args.global_batch, "dim": 256, "hidden": args.hidden, "depth": 2,
             "num_classes": 10, "epochs": 1, "lr": 0.05, "seed": args.seed, "progress_every": progress_every,
-            "measure_comm": True, "label": label}
+            "measure_comm": True, "label": label, "sync": args.sync}
 
 
 def run_arm(args: argparse.Namespace, speeds: list[float], steps: int, node_priorities: bool, label: str,
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     skip = max(15, steps // 3)
     if steps <= skip + 5:
         raise SystemExit(f"--steps must be above {skip + 5} to leave steady-state steps after settling")
-    print(f"bench hetero: {len(speeds)} workers, speeds {speeds} ({EMULATION_NOTE})")
+    print(f"bench hetero: {len(speeds)} workers, speeds {speeds}, gradient sync {args.sync} ({EMULATION_NOTE})")
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(num_cpus=len(speeds), include_dashboard=False, log_to_driver=False)
@@ -151,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                         "step_s_uniform", "step_s_pdml")}
     result["rates"] = np.median([r["rates"] for r in per_repeat], axis=0).tolist()
     result["rates_pdml"] = np.median([r["rates_pdml"] for r in per_repeat], axis=0).tolist()
-    result.update(speeds=speeds, workers=len(speeds), steps=steps, steady_state_from_step=skip, repeats=repeats,
+    result.update(sync=args.sync, speeds=speeds, workers=len(speeds), steps=steps, steady_state_from_step=skip, repeats=repeats,
                   global_batch=args.global_batch, batch_sizes=per_repeat[-1]["batch_sizes"], per_repeat=per_repeat)
     result["targets"] = {
         "speedup_vs_uniform >= 0.85 * ideal_speedup": result["speedup_vs_uniform"] >= 0.85 * result["ideal_speedup"],

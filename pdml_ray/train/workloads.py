@@ -33,17 +33,35 @@ def make_mlp(dim: int, hidden: int, num_classes: int, depth: int, seed: int) -> 
     return torch.nn.Sequential(*layers)
 
 
+def wrap(model: torch.nn.Module, sync: str, device: torch.device) -> torch.nn.Module:
+    """The model as a user of ``sync`` would hand it over: plain, DDP-wrapped, or sharded by FSDP2."""
+    if sync == "ddp":
+        model = model.to(device)
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if sync == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        model = model.to(device)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        return fully_shard(model)
+    return model
+
+
 def classification_loop(config: dict) -> None:
     """The standard pdml-ray training loop on a generated classification task.
 
     config: num_samples, dim, hidden, depth, num_classes, epochs, lr, seed, progress_every (0 = quiet),
-    measure_comm (bool). Rank 0 prints progress; ``measure_comm`` records the all-reduce time alone.
+    measure_comm (bool), sync ('pdml' own sync, 'ddp' a DDP-wrapped model, 'fsdp' FSDP2 fully_shard).
+    Rank 0 prints progress; ``measure_comm`` records the all-reduce time alone.
     """
     torch.set_num_threads(config.get("threads", 1))
     ctx = get_context()
     x, y = make_classification(config["num_samples"], config["dim"], config["num_classes"], config["seed"])
     x, y = x.to(ctx.device), y.to(ctx.device)
-    model = ctx.prepare_model(make_mlp(config["dim"], config["hidden"], config["num_classes"], config["depth"], config["seed"]))
+    model = ctx.prepare_model(wrap(make_mlp(config["dim"], config["hidden"], config["num_classes"], config["depth"],
+                                            config["seed"]), config.get("sync", "pdml"), ctx.device))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     every = config.get("progress_every", 0)
     label = config.get("label", "")
