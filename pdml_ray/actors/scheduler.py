@@ -12,7 +12,7 @@ from ray.exceptions import RayError
 
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
-from pdml_ray.errors import SchedulerUnavailableError
+from pdml_ray.errors import ConfigError, SchedulerUnavailableError
 from pdml_ray.metrics import PriorityGauges
 from pdml_ray.scheduler import Scheduler
 
@@ -22,7 +22,7 @@ class MeteredScheduler(Scheduler):
 
     def __init__(self, config: PDMLConfig, num_workers: int):
         super().__init__(config, num_workers)
-        self.gauges = PriorityGauges(config.scheduler_name)
+        self.gauges = PriorityGauges(config.scheduler_name or "pdml-scheduler")
         self.registered: set[int] = set()
 
     def register(self, worker_id: int, accelerator_type: str) -> None:
@@ -55,18 +55,32 @@ class MeteredScheduler(Scheduler):
 SchedulerActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(MeteredScheduler)
 
 
-def get_or_create_scheduler(config: PDMLConfig, num_workers: int) -> Any:
-    """The run's scheduler actor: the living one of that name and namespace, or a new one."""
-    return SchedulerActor.options(name=config.scheduler_name, namespace=config.namespace,
-                                  get_if_exists=True).remote(config, num_workers)
+def create_scheduler(config: PDMLConfig, num_workers: int) -> Any:
+    """Start the run's scheduler actor, named ``config.scheduler_name``; refuse a name already in use
+    (another run's scheduler: sharing it would mix two runs' estimates, and either run's end would
+    kill it)."""
+    if config.scheduler_name is None:
+        raise ConfigError("create_scheduler needs config.scheduler_name (PDMLTrainer.fit() sets it)")
+    if find_scheduler(config.scheduler_name, config.namespace) is not None:
+        raise ConfigError(f"a pdml-ray scheduler named {config.scheduler_name!r} is already running in namespace "
+                          f"{config.namespace!r} (another run?); give this run another RunConfig(name=...) or "
+                          "PDMLConfig(scheduler_name=...), or leave both unset for a unique name")
+    return SchedulerActor.options(name=config.scheduler_name, namespace=config.namespace).remote(config, num_workers)
 
 
-def find_scheduler(name: str = "pdml-scheduler", namespace: str = "pdml") -> Any:
+def find_scheduler(name: str, namespace: str = "pdml") -> Any:
     """Handle of a running scheduler actor, or None."""
     try:
         return ray.get_actor(name, namespace=namespace)
     except ValueError:
         return None
+
+
+def list_schedulers(namespace: str = "pdml") -> list[str]:
+    """Names of the scheduler actors alive in ``namespace`` (one per running pdml-ray run)."""
+    from ray.util import list_named_actors
+
+    return sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a.get("namespace") == namespace)
 
 
 class RayTransport:

@@ -13,7 +13,8 @@ DESCRIPTION = "show the priorities of a running pdml-ray scheduler (batch sizes,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
-    parser.add_argument("--name", default="pdml-scheduler", help="scheduler actor name (default pdml-scheduler)")
+    parser.add_argument("--name", default=None,
+                        help="scheduler actor name (pdml-<run name>); default: every running pdml-ray scheduler")
     parser.add_argument("--namespace", default="pdml", help="scheduler namespace (default pdml)")
 
 
@@ -38,7 +39,7 @@ def _probe(address: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from pdml_ray.actors.scheduler import find_scheduler
+    from pdml_ray.actors.scheduler import find_scheduler, list_schedulers
 
     try:
         _probe(args.address)
@@ -46,9 +47,14 @@ def run(args: argparse.Namespace) -> int:
     except ConnectionError as e:
         print(f"no Ray cluster at {args.address!r}: {e}\nstart one with `ray start --head` or run `pdml-ray demo`")
         return 1
-    handle = find_scheduler(args.name, args.namespace)
-    if handle is None:
-        print(f"no pdml-ray scheduler named {args.name!r} in namespace {args.namespace!r} (is a training run active?)")
+    names = [args.name] if args.name else list_schedulers(args.namespace)
+    handles = {name: find_scheduler(name, args.namespace) for name in names}
+    handles = {name: h for name, h in handles.items() if h is not None}
+    if not handles:
+        which = f"named {args.name!r}" if args.name else "at all"
+        print(f"no pdml-ray scheduler {which} in namespace {args.namespace!r} (is a training run active?)")
         return 1
-    print(format_stats(ray.get(handle.stats.remote(), timeout=30)))
+    for name, handle in handles.items():
+        print(f"== {name}")
+        print(format_stats(ray.get(handle.stats.remote(), timeout=30)))
     return 0

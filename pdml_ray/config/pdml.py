@@ -28,14 +28,17 @@ class PDMLConfig:
     """Micro-batch scheduling for the pipeline runtime (schedule name, osprey knobs, memory limit)."""
     seed: int = 0
     """Seed of the global permutation and of every random draw the scheduler makes."""
-    scheduler_name: str = "pdml-scheduler"
-    """Name of the scheduler actor (found by ``pdml-ray status``)."""
+    scheduler_name: str | None = None
+    """Name of the run's scheduler actor (``pdml-ray status --name``). None: ``PDMLTrainer.fit()`` names
+    it after the run (``RunConfig.name``) or, without one, a fresh unique name, so concurrent runs on
+    one cluster get their own scheduler and metric series."""
     namespace: str = "pdml"
     """Ray namespace of the scheduler actor."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
-        require(bool(self.scheduler_name), "scheduler_name must be a non-empty string")
+        require(self.scheduler_name is None or (isinstance(self.scheduler_name, str) and bool(self.scheduler_name)),
+                "scheduler_name must be a non-empty string, or None to name it after the run")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PDMLConfig":

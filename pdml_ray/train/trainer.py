@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,7 +14,7 @@ import ray
 import torch
 from ray.exceptions import RayError
 
-from pdml_ray.actors.scheduler import RayTransport, get_or_create_scheduler
+from pdml_ray.actors.scheduler import RayTransport, create_scheduler
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.errors import ConfigError
@@ -46,6 +48,7 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     train_ctx = ray.train.get_context()
     device = ray.train.torch.get_device()
     accel = detect_accelerator_type(device, list(pdml_config.node_priority.accelerator_prior()))
+    assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
     client = SchedulerClient(RayTransport(pdml_config.scheduler_name, pdml_config.namespace))
     context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
     set_context(context)
@@ -117,14 +120,22 @@ class PDMLTrainer:
         self.scheduler = None  # the scheduler actor's handle after fit() when keep_scheduler=True
         self.kwargs = torch_trainer_kwargs
 
+    def scheduler_name(self) -> str:
+        """The scheduler actor's name: ``PDMLConfig.scheduler_name``, else the run's name, else a unique one."""
+        if self.pdml_config.scheduler_name is not None:
+            return self.pdml_config.scheduler_name
+        run_name = getattr(self.run_config, "name", None)
+        return f"pdml-{run_name}" if run_name else f"pdml-{uuid.uuid4().hex[:12]}"
+
     def fit(self) -> Any:
         """Train; returns Ray Train's ``Result`` with ``result.pdml`` (a ``PDMLRunInfo``) attached."""
         from ray.train.torch import TorchTrainer
 
-        scheduler = get_or_create_scheduler(self.pdml_config, self.num_workers)
+        pdml_config = dataclasses.replace(self.pdml_config, scheduler_name=self.scheduler_name())
+        scheduler = create_scheduler(pdml_config, self.num_workers)
         ray.get(scheduler.ping.remote())
         loop = self.loop
-        config = {**self.loop_config, _CONFIG_KEY: {"config": self.pdml_config.to_dict()}}
+        config = {**self.loop_config, _CONFIG_KEY: {"config": pdml_config.to_dict()}}
         trainer = TorchTrainer(lambda cfg: _run_worker(loop, cfg), train_loop_config=config,
                                scaling_config=self.scaling_config, run_config=self.run_config, **self.kwargs)
         try:

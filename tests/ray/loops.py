@@ -147,3 +147,20 @@ def wrapped_loop(config):
 def plain_loop(config):
     """A loop that never goes through the context: it trains (here: does nothing) without pdml-ray."""
     get_context()
+
+
+def short_loop(config):
+    """A few real steps; rank 0 writes the scheduler name it reported to and the steps it ran."""
+    torch.set_num_threads(1)
+    ctx = get_context()
+    x, y = make_classification(config["steps"] * 64, 16, 2, seed=5)
+    model = ctx.prepare_model(make_mlp(16, 32, 2, depth=1, seed=5))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for batch in ctx.epoch(0, len(x)):
+        with ctx.step(batch) as step:
+            step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    if ctx.rank == 0:
+        with open(config["out"], "w") as f:
+            json.dump({"scheduler": ctx.config.scheduler_name, "steps": ctx.global_step}, f)

@@ -3,6 +3,7 @@ wrapped in DDP, or sharded with FSDP2's fully_shard, trains with unequal batch s
 gradient equals the gradient of the same global batch computed in one process."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray.train
@@ -11,7 +12,7 @@ from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.errors import ConfigError
 from pdml_ray.train import PDMLTrainer
 
-from loops import plain_loop, wrapped_loop
+from loops import plain_loop, short_loop, wrapped_loop
 
 
 @pytest.mark.parametrize("sync", ["ddp", "fsdp"])
@@ -47,3 +48,30 @@ def test_scaling_configs_pdml_ray_cannot_split_over_are_refused():
     with pytest.raises(ConfigError, match="fixed number of workers"):
         PDMLTrainer(plain_loop, scaling_config=ray.train.ScalingConfig(num_workers=0),
                     pdml_config=PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8)))
+
+
+def test_two_concurrent_runs_get_their_own_scheduler(ray_local, tmp_path):
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64))  # no scheduler name: per run
+
+    def fit(name, steps):
+        out = tmp_path / f"{name}.json"
+        result = PDMLTrainer(short_loop, train_loop_config={"out": str(out), "steps": steps},
+                             scaling_config=ray.train.ScalingConfig(num_workers=1),
+                             run_config=ray.train.RunConfig(name=name, storage_path=str(tmp_path)),
+                             pdml_config=config).fit()
+        return result, json.loads(out.read_text())
+
+    with ThreadPoolExecutor(2) as pool:
+        (a, out_a), (b, out_b) = pool.map(fit, ["run-a", "run-b"], [12, 20])
+    assert out_a["scheduler"] == "pdml-run-a" and out_b["scheduler"] == "pdml-run-b"
+    # each scheduler saw its own run's reports only, and neither run lost its scheduler to the other
+    assert a.pdml.stats.reports_received == 12 and b.pdml.stats.reports_received == 20
+    assert out_a["steps"] == 12 and out_b["steps"] == 20
+    with pytest.raises(ConfigError, match="already running"):  # a name in use is refused, not shared
+        from pdml_ray.actors.scheduler import create_scheduler
+
+        keep = create_scheduler(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64),
+                                           scheduler_name="pdml-taken"), 1)
+        ray.get(keep.ping.remote())
+        create_scheduler(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64),
+                                    scheduler_name="pdml-taken"), 1)
