@@ -148,6 +148,11 @@ class PDMLContext:
         self.adopted: list[tuple[int, int, tuple[int, ...]]] = []  # (step, version, batch_sizes)
         self.stale_bundles = 0  # bundles that arrived after the step they were for (dropped)
         self.global_step = 0
+        self.start_epoch = 0  # the epoch a resumed run continues in (restored from a checkpoint)
+        self._position = (0, 0)  # (epoch, offset) just after the last finished step: a checkpoint resumes there
+        self._next_position = (0, 0)  # the same, once the step being trained finishes
+        self._resume: tuple[int, int] | None = None  # (epoch, offset) to start the next epoch() call from
+        self.report_fn: Any = None  # ray.train.report, set by PDMLTrainer (this module stays free of Ray)
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
         self._combiner: GradientCombiner | None = None
@@ -222,20 +227,25 @@ class PDMLContext:
         Sample priorities: an epoch is ceil(N / B) steps of B draws from the priority distribution.
         """
         self._set_num_samples(num_samples)
+        start = 0
+        if self._resume is not None and self._resume[0] == epoch:  # a resumed run: continue this epoch
+            start, self._resume = self._resume[1], None
         if self.config.sample_priority is None:
             perm = np.random.default_rng([self.config.seed, epoch]).permutation(num_samples)
-            offset = 0
+            offset = start
             while offset < num_samples:
                 self._boundary()
                 chunks = step_slices(offset, self.decision.batch_sizes, num_samples)
                 total = chunks[-1].stop - chunks[0].start
                 mine = chunks[self.rank]
+                self._next_position = (epoch, offset + total)
                 yield StepBatch(self.global_step, epoch, perm[mine], (mine.stop - mine.start) / total,
                                 self.decision.version)
                 offset += total
         else:
-            for _ in range(math.ceil(num_samples / self.config.node_priority.global_batch_size)):
+            for k in range(start, math.ceil(num_samples / self.config.node_priority.global_batch_size)):
                 self._boundary()
+                self._next_position = (epoch, k + 1)
                 plan = self._plans.pop(self.global_step, None) or self._uniform_plan(self.global_step)
                 sizes = [len(i) for i in plan.indices]
                 yield StepBatch(self.global_step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
@@ -257,6 +267,7 @@ class PDMLContext:
             accelerator_type=self.accelerator_type,
             sample_indices=batch.indices if sample_losses is not None else None, sample_losses=sample_losses))
         self.global_step += 1
+        self._position = self._next_position
         self._boundary_wait = 0.0
         self._step_overhead = time.perf_counter() - t0
         self.overhead_s += self._step_overhead
@@ -340,21 +351,45 @@ class PDMLContext:
         return SamplePlan(step, parts, tuple(np.ones(len(p), dtype=np.float32) for p in parts))
 
     # -- checkpoints ---------------------------------------------------------------------------
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+        """``ray.train.report(metrics, checkpoint=...)`` with pdml-ray's state added to rank 0's checkpoint.
+
+        ``checkpoint`` is a ``ray.train.Checkpoint`` made from a local directory
+        (``Checkpoint.from_directory(d)``, as Ray Train's examples do): rank 0 writes the scheduler's
+        state (estimates, decisions, the sample table), the decision in force, and where in which
+        epoch the run stands into it before Ray Train persists it. A run resumed from it (after a
+        worker failure with ``FailureConfig(max_failures>=1)``, or ``resume_from_checkpoint``)
+        continues there: ``PDMLTrainer`` restores it before the loop starts; the loop reads
+        ``ctx.start_epoch`` and loads its own model and optimizer state as usual.
+        """
+        if self.report_fn is None:
+            raise UsageError("ctx.report needs the Ray Train worker PDMLTrainer launches (it calls ray.train.report)")
+        if checkpoint is not None and self.rank == 0:
+            directory = getattr(checkpoint, "path", None)
+            if directory is None or not os.path.isdir(directory):
+                raise UsageError("ctx.report needs a checkpoint made from a local directory "
+                                 "(ray.train.Checkpoint.from_directory(d)) to add pdml-ray's state to it")
+            self.save_scheduler_state(directory)
+        self.report_fn(metrics, checkpoint=checkpoint)
+
     def save_scheduler_state(self, directory: str) -> bool:
-        """Rank 0: write the scheduler's state (estimates, decisions, sample table) into a checkpoint
-        directory, next to the model. Other ranks do nothing. Returns whether a file was written."""
+        """Rank 0: write the scheduler's state (estimates, decisions, sample table), the decision in force
+        and the run's position (epoch, offset) into a checkpoint directory, next to the model. Other
+        ranks do nothing. Returns whether a file was written."""
         if self.rank != 0 or self.client is None:
             return False
         self.flush()
         state = self.client.call("state_dict")
         with open(os.path.join(directory, SCHEDULER_STATE_FILE), "wb") as f:
             pickle.dump({"state": state, "decision": self.decision.to_dict(), "versions": dict(self.versions),
-                         "global_step": self.global_step}, f)
+                         "global_step": self.global_step, "position": self._position}, f)
         return True
 
     def load_scheduler_state(self, directory: str) -> bool:
         """Restore what ``save_scheduler_state`` wrote: rank 0 loads it into the scheduler; every rank
-        resumes the decision and step count. Returns False if the checkpoint has no scheduler state."""
+        resumes the decision, the step count and the position in the epoch (``start_epoch``; the next
+        ``epoch(start_epoch, n)`` continues where the checkpoint was taken). Returns False if the
+        checkpoint has no pdml-ray state."""
         path = os.path.join(directory, SCHEDULER_STATE_FILE)
         if not os.path.exists(path):
             return False
@@ -365,6 +400,10 @@ class PDMLContext:
         self.decision = NodeDecision.from_dict(saved["decision"])
         self.versions = dict(saved.get("versions", {"node": self.decision.version}))
         self.global_step = saved["global_step"]
+        epoch, offset = saved.get("position", (0, 0))
+        self._position = self._next_position = (int(epoch), int(offset))
+        self._resume = self._position
+        self.start_epoch = self._position[0]
         return True
 
     def flush(self) -> None:

@@ -51,6 +51,12 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
     client = SchedulerClient(RayTransport(pdml_config.scheduler_name, pdml_config.namespace))
     context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
+    context.report_fn = ray.train.report
+    checkpoint = ray.train.get_checkpoint()  # a restart after a failure, or resume_from_checkpoint
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            if context.load_scheduler_state(directory):
+                log.info("rank %d resumes at step %d (epoch %d)", context.rank, context.global_step, context.start_epoch)
     set_context(context)
     try:
         return user_loop(config) if _takes_config(user_loop) else user_loop()

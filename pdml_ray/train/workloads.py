@@ -42,10 +42,11 @@ def wrap(model: torch.nn.Module, sync: str, device: torch.device) -> torch.nn.Mo
         from torch.distributed.fsdp import fully_shard
 
         model = model.to(device)
-        for layer in model:
+        for layer in model.modules():
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer)
-        return fully_shard(model)
+        fully_shard(model)
+        return model
     return model
 
 

@@ -164,3 +164,52 @@ def short_loop(config):
     if ctx.rank == 0:
         with open(config["out"], "w") as f:
             json.dump({"scheduler": ctx.config.scheduler_name, "steps": ctx.global_step}, f)
+
+
+def resumable_loop(config):
+    """Two epochs with a checkpoint every 4 steps (ctx.report); with ``crash_at``, rank 1 dies once at
+    that step. Every rank appends (attempt, step, epoch, indices) to its own log; rank 0 writes the loss."""
+    import os
+    import tempfile
+
+    import ray.train
+
+    torch.set_num_threads(1)
+    ctx = get_context()
+    n = config["num_samples"]
+    x, y = make_classification(n, 16, 3, seed=7)
+    model = make_mlp(16, 64, 3, depth=1, seed=7)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:  # the user's own state, as in any Ray Train loop
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "model.pt"))
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+    model = ctx.prepare_model(model)
+    marker = config["out"] + ".crashed"
+    attempt = 1 if os.path.exists(marker) else 0
+    with open(f"{config['out']}.rank{ctx.rank}", "a") as log:
+        for epoch in range(ctx.start_epoch, 2):
+            for batch in ctx.epoch(epoch, n):
+                with ctx.step(batch) as step:
+                    loss = step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none"))
+                    loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                log.write(json.dumps({"attempt": attempt, "step": batch.step, "epoch": epoch,
+                                      "indices": batch.indices.tolist()}) + "\n")
+                log.flush()
+                if batch.step == config.get("crash_at") and ctx.rank == 1 and attempt == 0:
+                    open(marker, "w").close()
+                    os._exit(1)  # a worker dies: Ray Train restarts the group from the last checkpoint
+                if (batch.step + 1) % 4 == 0:
+                    with tempfile.TemporaryDirectory() as d:
+                        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                                   os.path.join(d, "model.pt"))
+                        ctx.report({"step": batch.step}, checkpoint=ray.train.Checkpoint.from_directory(d))
+    with torch.no_grad():
+        final = float(F.cross_entropy(model(x), y))
+    if ctx.rank == 0:
+        with open(config["out"] + ".loss", "w") as f:
+            json.dump({"loss": final, "attempt": attempt}, f)
