@@ -36,7 +36,7 @@ from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.emulation import emulate_speed
-from pdml_ray.errors import UsageError
+from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.train.wrappers import GradientCombiner, OwnSync, Sync, check_supported, combiner_for, describe
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class StepBatch:
     grad_weight: float  # b_i / (samples in this global step)
     decision_version: int
     sample_weights: np.ndarray | None = None  # float32 (b_i,) importance weights; None = uniform
+    end_offset: int = 0  # position in the epoch once this step is done (a checkpoint resumes there)
 
 
 class StepScope:
@@ -150,8 +151,14 @@ class PDMLContext:
         self.global_step = 0
         self.start_epoch = 0  # the epoch a resumed run continues in (restored from a checkpoint)
         self._position = (0, 0)  # (epoch, offset) just after the last finished step: a checkpoint resumes there
-        self._next_position = (0, 0)  # the same, once the step being trained finishes
         self._resume: tuple[int, int] | None = None  # (epoch, offset) to start the next epoch() call from
+        # Decisions take effect lead_steps after the boundary that adopts them (0 with ctx.epoch; a
+        # DataLoader's batch sampler needs them known as far ahead as the loader prefetches).
+        self.lead_steps = 0
+        self._upcoming: list[NodeDecision] = []  # adopted, effective at a later step (in step order)
+        self._horizon = 0  # the batch sizes of every step before this one are settled
+        self._sampled: dict[int, StepBatch] = {}  # steps the batch sampler produced, by global step
+        self._sampler_step: int | None = None  # the next global step the batch sampler produces
         self.report_fn: Any = None  # ray.train.report, set by PDMLTrainer (this module stays free of Ray)
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
@@ -226,33 +233,115 @@ class PDMLContext:
         contiguous chunks of the current batch sizes: every sample is used exactly once per epoch.
         Sample priorities: an epoch is ceil(N / B) steps of B draws from the priority distribution.
         """
+        if self._sampler_step is not None:
+            raise UsageError("this run draws its batches through ctx.batch_sampler: use it for every epoch, "
+                             "not ctx.epoch as well")
+        for batch in self._steps(epoch, num_samples, lambda step: self._begin_step()):
+            yield batch
+
+    def batch_sampler(self, epoch: int, num_samples: int, lead_steps: int = 8) -> "StepBatchSampler":
+        """This worker's batches for one epoch as a ``torch.utils.data.Sampler`` of index lists, for a
+        ``DataLoader(dataset, batch_sampler=ctx.batch_sampler(epoch, len(dataset)), num_workers=...)``;
+        train with ``with ctx.step() as step:`` (no argument: the step the sampler produced).
+
+        The same batches as ``epoch()``, computed ahead of training: a DataLoader iterates its sampler
+        up to ``num_workers x prefetch_factor`` batches early, in the main process. So decisions take
+        effect ``lead_steps`` steps after the boundary that adopts them, on every rank alike, and the
+        sampler never issues a collective or waits; it refuses to run further ahead than that (raise
+        ``lead_steps`` to at least ``num_workers x prefetch_factor + 1``). Fix ``lead_steps`` before
+        the first step; every rank must use the same value.
+        """
+        if lead_steps < 1:
+            raise ConfigError(f"lead_steps must be >= 1 (how far ahead the DataLoader may sample), got {lead_steps}")
+        if lead_steps != self.lead_steps:
+            if self.global_step > 0 or self._sampler_step is not None:
+                raise UsageError(f"lead_steps was {self.lead_steps} when training started; keep it ({lead_steps} "
+                                 "given): every rank must switch decisions at the same steps")
+            self.lead_steps = lead_steps
+            self._horizon = self.global_step + lead_steps  # before the first boundary: the current decision
+        if self._sampler_step is None:
+            self._sampler_step = self.global_step
+        return StepBatchSampler(self, epoch, num_samples)
+
+    def _steps(self, epoch: int, num_samples: int, before: Any) -> Iterator[StepBatch]:
+        """The batches of one epoch from the current position; ``before(step)`` runs before each is cut
+        (the step's boundary for ``epoch()``; a horizon check for the sampler, which runs ahead)."""
         self._set_num_samples(num_samples)
         start = 0
         if self._resume is not None and self._resume[0] == epoch:  # a resumed run: continue this epoch
             start, self._resume = self._resume[1], None
+        step = self.global_step if self._sampler_step is None else self._sampler_step
         if self.config.sample_priority is None:
             perm = np.random.default_rng([self.config.seed, epoch]).permutation(num_samples)
             offset = start
             while offset < num_samples:
-                self._boundary()
-                chunks = step_slices(offset, self.decision.batch_sizes, num_samples)
+                before(step)
+                decision = self.decision_at(step)
+                chunks = step_slices(offset, decision.batch_sizes, num_samples)
                 total = chunks[-1].stop - chunks[0].start
                 mine = chunks[self.rank]
-                self._next_position = (epoch, offset + total)
-                yield StepBatch(self.global_step, epoch, perm[mine], (mine.stop - mine.start) / total,
-                                self.decision.version)
+                yield StepBatch(step, epoch, perm[mine], (mine.stop - mine.start) / total, decision.version,
+                                end_offset=offset + total)
                 offset += total
+                step += 1
         else:
             for k in range(start, math.ceil(num_samples / self.config.node_priority.global_batch_size)):
-                self._boundary()
-                self._next_position = (epoch, k + 1)
-                plan = self._plans.pop(self.global_step, None) or self._uniform_plan(self.global_step)
+                before(step)
+                plan = self._plans.pop(step, None) or self._uniform_plan(step)
                 sizes = [len(i) for i in plan.indices]
-                yield StepBatch(self.global_step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
-                                self.decision.version, plan.weights[self.rank])
+                yield StepBatch(step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
+                                self.decision_at(step).version, plan.weights[self.rank], end_offset=k + 1)
+                step += 1
 
-    def step(self, batch: StepBatch) -> StepScope:
+    def _sampled_batches(self, epoch: int, num_samples: int) -> Iterator[StepBatch]:
+        """What the batch sampler yields: ``_steps`` ahead of training, within the settled horizon."""
+        assert self._sampler_step is not None
+
+        def check(step: int) -> None:
+            if step >= self._horizon:
+                raise UsageError(f"the DataLoader asked for step {step}'s batch while training is at step "
+                                 f"{self.global_step}: more than lead_steps={self.lead_steps} ahead. Pass "
+                                 "ctx.batch_sampler(..., lead_steps=L) with L >= num_workers x prefetch_factor + 1")
+
+        for batch in self._steps(epoch, num_samples, check):
+            self._sampled[batch.step] = batch
+            self._sampler_step = batch.step + 1
+            yield batch
+
+    def step(self, batch: StepBatch | None = None) -> StepScope:
+        """The step block for ``batch`` (from ``epoch()``), or without one, for the step the batch sampler
+        produced for this step (its boundary runs here)."""
+        if batch is None:
+            if self._sampler_step is None:
+                raise UsageError("ctx.step() without a batch needs a DataLoader over ctx.batch_sampler(...); "
+                                 "with ctx.epoch(...), pass the batch: ctx.step(batch)")
+            self._begin_step()
+            batch = self._sampled.pop(self.global_step, None)
+            if batch is None:
+                raise UsageError(f"the batch sampler has not produced step {self.global_step}: iterate the "
+                                 "DataLoader built on ctx.batch_sampler once per ctx.step()")
         return StepScope(self, batch)
+
+    def decision_at(self, step: int) -> NodeDecision:
+        """The node decision in force at ``step`` (adopted decisions wait for their effective step)."""
+        decision = self.decision
+        for upcoming in self._upcoming:
+            if upcoming.effective_step <= step:
+                decision = upcoming
+        return decision
+
+    def _begin_step(self) -> None:
+        """Start of a step: decisions effective from it take over; at a boundary, fetch new ones."""
+        while self._upcoming and self._upcoming[0].effective_step <= self.global_step:
+            self._in_force(self._upcoming.pop(0))
+        if self.global_step % self.config.node_priority.decision_interval == 0:
+            self._boundary()
+
+    def _in_force(self, decision: NodeDecision) -> None:
+        self.decision = decision
+        self.adopted.append((self.global_step, decision.version, decision.batch_sizes))
+        if self.rank == 0:
+            log.info("step %d: adopted %s", self.global_step, decision)
 
     def _finish_step(self, batch: StepBatch, compute_s: float, wait_s: float, per_sample: torch.Tensor | None) -> None:
         t0 = time.perf_counter()
@@ -267,7 +356,7 @@ class PDMLContext:
             accelerator_type=self.accelerator_type,
             sample_indices=batch.indices if sample_losses is not None else None, sample_losses=sample_losses))
         self.global_step += 1
-        self._position = self._next_position
+        self._position = (batch.epoch, batch.end_offset)
         self._boundary_wait = 0.0
         self._step_overhead = time.perf_counter() - t0
         self.overhead_s += self._step_overhead
@@ -281,10 +370,9 @@ class PDMLContext:
                 self.client.set_dataset_size(num_samples)
 
     def _boundary(self) -> None:
-        """At every ``decision_interval``-th step: flush reports, rank 0 polls, everyone adopts together."""
-        k = self.config.node_priority.decision_interval
-        if self.global_step % k:
-            return
+        """At every ``decision_interval``-th step: flush reports, rank 0 polls, everyone adopts together.
+        What the bundle brings takes effect ``lead_steps`` from now (at once with ``epoch()``)."""
+        k, lead = self.config.node_priority.decision_interval, self.lead_steps
         t0 = time.perf_counter()
         if self.client is not None:
             self.client.report(self._reports)
@@ -294,7 +382,7 @@ class PDMLContext:
             first = self.global_step == 0  # start-up: may wait briefly, the step has not begun
             bundle = self.client.poll(block_s=10.0 if first else 0.0)
             if first and bundle is None:
-                self.client.request(self._boundary_for(0), self.versions)
+                self.client.request(self._boundary_for(lead), self.versions)
                 bundle = self.client.poll(block_s=10.0)
             if bundle is not None and not bundle:
                 bundle = None  # nothing new: skip the broadcast of the bundle itself
@@ -312,41 +400,44 @@ class PDMLContext:
                 bundle = box[0]
         if bundle is not None:
             self._adopt(bundle)
+        self._horizon = self.global_step + k + lead  # nothing adopted later takes effect before that
         if self.rank == 0 and self.client is not None:
             # ask now for what the next boundary needs; it has k steps to arrive
-            self.client.request(self._boundary_for(self.global_step + k), self.versions)
+            self.client.request(self._boundary_for(self.global_step + k + lead), self.versions)
         dt = time.perf_counter() - t0
         self._step_overhead += dt
         self.overhead_s += dt
 
     def _boundary_for(self, first_step: int) -> Boundary:
-        return Boundary(first_step, self.config.node_priority.decision_interval, self.decision.batch_sizes)
+        return Boundary(first_step, self.config.node_priority.decision_interval, self.decision_at(first_step).batch_sizes)
 
     def _adopt(self, bundle: StepBundle) -> None:
-        """Adopt each decision at exactly the step the scheduler stamped on it; a late one is dropped
+        """Adopt each decision for exactly the step the scheduler stamped on it; a late one is dropped
         (the scheduler re-issues it for the next boundary), so both sides' histories agree."""
+        effective = self.global_step + self.lead_steps
         for name, decision in bundle.decisions.items():
-            if decision.effective_step != self.global_step or decision.version <= self.versions.get(name, -1):
+            if decision.effective_step != effective or decision.version <= self.versions.get(name, -1):
                 self.stale_bundles += 1
                 log.debug("step %d: dropped %s (for another step, or not newer)", self.global_step, decision)
                 continue
             self.versions[name] = decision.version
             if isinstance(decision, NodeDecision):
                 decision.validate(self.config.node_priority.global_batch_size)
-                self.decision = decision
-                self.adopted.append((self.global_step, decision.version, decision.batch_sizes))
-                if self.rank == 0:
-                    log.info("step %d: adopted %s", self.global_step, decision)
+                if effective == self.global_step:
+                    self._in_force(decision)
+                else:
+                    self._upcoming.append(decision)
             elif isinstance(decision, SampleDecision):
                 for plan in decision.plans:
-                    if plan.step >= self.global_step and tuple(len(i) for i in plan.indices) == self.decision.batch_sizes:
+                    if plan.step >= effective and tuple(len(i) for i in plan.indices) == self.decision_at(plan.step).batch_sizes:
                         self._plans[plan.step] = plan
 
     def _uniform_plan(self, step: int) -> SamplePlan:
         """Fallback when no priority plan arrived in time: uniform draws, identical on every rank."""
         rng = np.random.default_rng([self.config.seed, 7919, step])
-        idx = rng.integers(0, self._num_samples, size=self.decision.global_batch_size)
-        cuts = np.cumsum(self.decision.batch_sizes)[:-1]
+        decision = self.decision_at(step)
+        idx = rng.integers(0, self._num_samples, size=decision.global_batch_size)
+        cuts = np.cumsum(decision.batch_sizes)[:-1]
         parts = tuple(np.split(idx, cuts))
         return SamplePlan(step, parts, tuple(np.ones(len(p), dtype=np.float32) for p in parts))
 
@@ -401,7 +492,7 @@ class PDMLContext:
         self.versions = dict(saved.get("versions", {"node": self.decision.version}))
         self.global_step = saved["global_step"]
         epoch, offset = saved.get("position", (0, 0))
-        self._position = self._next_position = (int(epoch), int(offset))
+        self._position = (int(epoch), int(offset))
         self._resume = self._position
         self.start_epoch = self._position[0]
         return True
@@ -437,3 +528,22 @@ def _install_optimizer_guard() -> None:
 
         register_optimizer_step_pre_hook(_refuse_early_optimizer_step)
         _guard_installed = True
+
+
+class StepBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """This worker's index lists for one epoch, step by step (see ``PDMLContext.batch_sampler``).
+
+    Iterated by a DataLoader in the main process; the worker processes only receive index lists.
+    Each list is ``batch.indices`` of the ``StepBatch`` that ``ctx.step()`` then picks up.
+    """
+
+    def __init__(self, ctx: PDMLContext, epoch: int, num_samples: int) -> None:
+        self.ctx, self.epoch, self.num_samples = ctx, epoch, num_samples
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.ctx._sampled_batches(self.epoch, self.num_samples):
+            yield batch.indices.tolist()
+
+    def __len__(self) -> int:
+        """Steps in the epoch: ceil(N / B) (a resumed epoch has fewer)."""
+        return math.ceil(self.num_samples / self.ctx.config.node_priority.global_batch_size)

@@ -213,3 +213,28 @@ def resumable_loop(config):
     if ctx.rank == 0:
         with open(config["out"] + ".loss", "w") as f:
             json.dump({"loss": final, "attempt": attempt}, f)
+
+
+def dataloader_loop(config):
+    """Two epochs through a DataLoader with 2 worker processes over ctx.batch_sampler; each rank writes
+    the sample ids it trained per step (they come back from the loader, not from the context)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    ctx = get_context()
+    n = config["num_samples"]
+    x, y = make_classification(n, 16, 2, seed=9)
+    data = TensorDataset(x, y, torch.arange(n))
+    model = ctx.prepare_model(make_mlp(16, 256, 2, depth=2, seed=9))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    for epoch in range(2):
+        loader = DataLoader(data, batch_sampler=ctx.batch_sampler(epoch, n), num_workers=2, prefetch_factor=2)
+        for xb, yb, ids in loader:
+            with ctx.step() as step:
+                step.loss(F.cross_entropy(model(xb), yb, reduction="none")).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            steps.append({"epoch": epoch, "ids": ids.tolist(), "sizes": list(ctx.decision.batch_sizes)})
+    with open(f"{config['out']}.rank{ctx.rank}", "w") as f:
+        json.dump({"steps": steps, "adopted": ctx.adopted}, f)
