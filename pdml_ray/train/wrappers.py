@@ -64,14 +64,26 @@ class GradientCombiner:
 
 
 class OwnSync(GradientCombiner):
-    """A plain module: pdml-ray's bucketed weighted all-reduce (``grad_sync.WeightedGradSync``)."""
+    """A plain module: pdml-ray's bucketed weighted all-reduce (``grad_sync.WeightedGradSync``).
+
+    Buffers (BatchNorm's running statistics, say) are handled as DDP handles them by default
+    (``broadcast_buffers=True``): rank 0's are broadcast to every rank at the start of each step,
+    in one coalesced message.
+    """
 
     name = "pdml"
 
-    def __init__(self, params: list[nn.Parameter], overlap: bool) -> None:
-        self.sync = WeightedGradSync(params, overlap=overlap)
+    def __init__(self, model: nn.Module, overlap: bool) -> None:
+        self.sync = WeightedGradSync([p for p in model.parameters() if p.requires_grad], overlap=overlap)
+        self.buffers = [b for b in model.buffers() if b.numel()]
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
     def begin(self, weight: float) -> None:
+        if self.buffers and self.distributed:
+            flat = torch._utils._flatten_dense_tensors(self.buffers)
+            dist.broadcast(flat, src=0)
+            for buffer, synced in zip(self.buffers, torch._utils._unflatten_dense_tensors(flat, self.buffers)):
+                buffer.copy_(synced)
         self.sync.begin(weight)
 
     @property
@@ -179,8 +191,7 @@ def combiner_for(model: nn.Module, sync: Sync, world_size: int, device: torch.de
             ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
             return ddp, DDPHook(ddp)
         return model, GradientCombiner()  # one process, no group: nothing to combine
-    params = [p for p in model.parameters() if p.requires_grad]
-    return model, OwnSync(params, overlap=overlap)
+    return model, OwnSync(model, overlap=overlap)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -238,3 +238,27 @@ def dataloader_loop(config):
             steps.append({"epoch": epoch, "ids": ids.tolist(), "sizes": list(ctx.decision.batch_sizes)})
     with open(f"{config['out']}.rank{ctx.rank}", "w") as f:
         json.dump({"steps": steps, "adopted": ctx.adopted}, f)
+
+
+def buffers_loop(config):
+    """A model with BatchNorm under pdml-ray's own sync; rank 0 writes each rank's running statistics
+    as every step starts (before its forward: then they must agree)."""
+    torch.set_num_threads(1)
+    ctx = get_context()
+    x, y = make_classification(12 * 128, 16, 2, seed=4)
+    torch.manual_seed(4)
+    model = ctx.prepare_model(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32),
+                                                  torch.nn.ReLU(), torch.nn.Linear(32, 2)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    starts = []
+    for batch in ctx.epoch(0, len(x)):
+        with ctx.step(batch) as step:
+            starts.append(model[1].running_mean.tolist())
+            step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, starts)
+    if ctx.rank == 0:
+        with open(config["out"], "w") as f:
+            json.dump(everyone, f)

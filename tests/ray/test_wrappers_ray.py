@@ -12,7 +12,7 @@ from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.errors import ConfigError
 from pdml_ray.train import PDMLTrainer
 
-from loops import plain_loop, short_loop, wrapped_loop
+from loops import buffers_loop, plain_loop, short_loop, wrapped_loop
 
 
 @pytest.mark.parametrize("sync", ["ddp", "fsdp"])
@@ -75,3 +75,16 @@ def test_two_concurrent_runs_get_their_own_scheduler(ray_local, tmp_path):
         ray.get(keep.ping.remote())
         create_scheduler(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64),
                                     scheduler_name="pdml-taken"), 1)
+
+
+def test_buffers_follow_rank_0_under_the_own_sync_as_under_ddp(ray_local, tmp_path):
+    out = tmp_path / "buffers.json"
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=128, emulated_speeds=[1.0, 0.5],
+                                                         decision_interval=2, warmup_steps=1))
+    PDMLTrainer(buffers_loop, train_loop_config={"out": str(out)}, scaling_config=ray.train.ScalingConfig(num_workers=2),
+                run_config=ray.train.RunConfig(name="wrappers-buffers", storage_path=str(tmp_path)),
+                pdml_config=config).fit()
+    rank0, rank1 = json.loads(out.read_text())
+    assert len(rank0) == len(rank1) == 12
+    assert rank0 == rank1  # at every step's start both ranks hold rank 0's running statistics
+    assert rank0[-1] != rank0[0]  # and they did move
