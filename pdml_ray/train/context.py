@@ -24,8 +24,8 @@ import os
 import pickle
 import time
 from collections.abc import Iterator
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +37,9 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.emulation import emulate_speed
 from pdml_ray.errors import ConfigError, UsageError
-from pdml_ray.train.wrappers import GradientCombiner, OwnSync, Sync, check_supported, combiner_for, describe
+from pdml_ray.train.timing import make_timer
+from pdml_ray.train.wrappers import (GradientCombiner, OwnSync, Sync, check_supported, combiner_for, describe,
+                                     is_fsdp2)
 
 log = logging.getLogger(__name__)
 
@@ -104,31 +106,42 @@ class StepScope:
         self.ctx._combiner.begin(self.batch.grad_weight)
         if isinstance(self.ctx._combiner, OwnSync):
             _OPEN_OWN_SYNC_STEPS.add(id(self))
-        self._t0 = time.perf_counter()
+        self.ctx._timer.begin(self.batch.step)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        ctx, combiner = self.ctx, self.ctx._combiner
+        """Compute ended when the last gradient bucket became ready (DDP's hook ends the timer there:
+        ``backward()`` itself returns only once every bucket is reduced), else now. The compute time is
+        that of the compute stream (CUDA events, ``timing.py``; no synchronize, which would wait for the
+        collectives too) and arrives a step late on a GPU; the step's report waits for it."""
+        ctx, combiner, timer = self.ctx, self.ctx._combiner, self.ctx._timer
         assert combiner is not None  # checked in __enter__
         _OPEN_OWN_SYNC_STEPS.discard(id(self))
         if exc_type is not None:
+            timer.abort()
             combiner.abort()  # the exception propagates to the user
             return
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)  # kernels are async: time them, not their launch
+        if not timer.ended:
+            timer.end()
         # Launching the all-reduce from inside backward (flatten, scale) is communication, not compute:
-        # it costs the same at any batch size, and counting it would skew the throughput shares. Under
-        # DDP, backward() returns only once every bucket is reduced: compute ended when the last bucket
-        # became ready (the hook notes it), and the rest is waiting on the collective.
-        launch_s = combiner.launch_s
+        # it costs the same at any batch size, and counting it would skew the throughput shares. On a GPU
+        # the host's launch time overlaps the kernels, so the event span needs no correction.
+        on_gpu = ctx.device.type == "cuda"
+        launch_s = 0.0 if on_gpu else combiner.launch_s
         now = time.perf_counter()
         end = combiner.compute_end() or now
-        compute_s = end - self._t0 - launch_s
-        compute_s += emulate_speed(compute_s, ctx.speed)  # the emulated slowdown counts as compute
+        # An emulated slow GPU waits for its own compute (never a collective: the end event comes first)
+        # to sleep in proportion to it; at full speed nothing waits.
+        timed = timer.collect(block=on_gpu and ctx.speed < 1.0)
+        sleep_s = 0.0
+        if timed and timed[-1][0] == self.batch.step:
+            sleep_s = emulate_speed(timed[-1][1] - launch_s, ctx.speed)  # the emulated slowdown counts as compute
         t1 = time.perf_counter()
         combiner.finish()  # own sync: buckets already in flight since backward
-        wait_s = time.perf_counter() - t1 + launch_s + (now - end)
-        ctx._finish_step(self.batch, compute_s, wait_s, self._per_sample)
+        wait_s = time.perf_counter() - t1 + combiner.launch_s + (now - end)
+        ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, sleep_s)
+        for step, span_s in timed:
+            ctx._report_timed(step, span_s)
 
 
 class PDMLContext:
@@ -163,6 +176,8 @@ class PDMLContext:
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
         self._combiner: GradientCombiner | None = None
+        self._timer = make_timer(device)  # compute time per step (CUDA events on a GPU: a step late)
+        self._untimed: dict[int, _Untimed] = {}  # finished steps whose compute time is not known yet
         # Own sync only: overlap the all-reduce with backward on GPUs (NCCL runs beside the kernels).
         # On CPUs (gloo) the collective's threads take cores from the compute itself, so it runs after
         # backward. Set before prepare_model; False also allows several backward passes per step.
@@ -191,13 +206,14 @@ class PDMLContext:
         if self._combiner is not None:
             raise UsageError("ctx.prepare_model was already called: prepare one model per training run")
         check_supported(model, sync)
-        if not isinstance(model, torch.nn.parallel.DistributedDataParallel) and not _is_sharded(model):
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel) and not is_fsdp2(model):
             model = model.to(self.device)
             if self.world_size > 1 and sync != "ddp":  # DDP broadcasts rank 0's parameters itself
                 with torch.no_grad():
                     for p in model.parameters():
                         dist.broadcast(p.data, src=0)
         model, self._combiner = combiner_for(model, sync, self.world_size, self.device, self.overlap_comm)
+        self._combiner.on_compute_end = self._timer.end  # DDP's last bucket: backward's compute is done
         self._params = [p for p in model.parameters() if p.requires_grad]
         _install_optimizer_guard()
         if self.rank == 0:
@@ -343,18 +359,13 @@ class PDMLContext:
         if self.rank == 0:
             log.info("step %d: adopted %s", self.global_step, decision)
 
-    def _finish_step(self, batch: StepBatch, compute_s: float, wait_s: float, per_sample: torch.Tensor | None) -> None:
+    def _finish_step(self, batch: StepBatch, wait_s: float, per_sample: torch.Tensor | None, launch_s: float,
+                     sleep_s: float) -> None:
+        """The step is done: advance, and keep what its report needs until its compute time is known."""
         t0 = time.perf_counter()
         now = t0
-        loss = float(per_sample.mean()) if per_sample is not None and per_sample.numel() else float("nan")
-        sample_losses = None
-        if self.config.sample_priority is not None and per_sample is not None:
-            sample_losses = per_sample.float().cpu().numpy()
-        self._reports.append(WorkerReport(
-            worker_id=self.rank, step=batch.step, samples=max(len(batch.indices), 0), compute_s=compute_s,
-            wait_s=wait_s + self._boundary_wait, step_s=now - self._step_t0, overhead_s=self._step_overhead, loss=loss,
-            accelerator_type=self.accelerator_type,
-            sample_indices=batch.indices if sample_losses is not None else None, sample_losses=sample_losses))
+        self._untimed[batch.step] = _Untimed(batch, wait_s + self._boundary_wait, now - self._step_t0,
+                                             self._step_overhead, per_sample, launch_s, sleep_s)
         self.global_step += 1
         self._position = (batch.epoch, batch.end_offset)
         self._boundary_wait = 0.0
@@ -497,21 +508,51 @@ class PDMLContext:
         self.start_epoch = self._position[0]
         return True
 
+    def _report_timed(self, step: int, span_s: float) -> None:
+        """Step ``step``'s compute time is known: queue its report (sent at the next boundary)."""
+        t0 = time.perf_counter()
+        u = self._untimed.pop(step, None)
+        if u is None:
+            return
+        per_sample = u.per_sample  # its kernels came before the end event: reading it does not wait
+        loss = float(per_sample.float().mean()) if per_sample is not None and per_sample.numel() else float("nan")
+        sample_losses = None
+        if self.config.sample_priority is not None and per_sample is not None:
+            sample_losses = per_sample.float().cpu().numpy()
+        self._reports.append(WorkerReport(
+            worker_id=self.rank, step=step, samples=max(len(u.batch.indices), 0),
+            compute_s=max(span_s - u.launch_s, 1e-9) + u.sleep_s, wait_s=u.wait_s, step_s=u.step_s,
+            overhead_s=u.overhead_s, loss=loss, accelerator_type=self.accelerator_type,
+            sample_indices=u.batch.indices if sample_losses is not None else None, sample_losses=sample_losses))
+        dt = time.perf_counter() - t0
+        self._step_overhead += dt
+        self.overhead_s += dt
+
     def flush(self) -> None:
-        """Send the reports still buffered (call at the end of training)."""
+        """Send the reports still buffered, waiting for the last steps' compute times (the end of
+        training, a checkpoint)."""
+        for step, span_s in self._timer.collect(block=True):
+            self._report_timed(step, span_s)
         if self.client is not None:
             self.client.report(self._reports)
         self._reports = []
 
 
+@dataclass(slots=True)
+class _Untimed:
+    """A finished step waiting for its compute time (a step late on a GPU) before it is reported."""
+
+    batch: StepBatch
+    wait_s: float
+    step_s: float
+    overhead_s: float
+    per_sample: torch.Tensor | None
+    launch_s: float
+    sleep_s: float
+
+
 _OPEN_OWN_SYNC_STEPS: set[int] = set()  # step blocks whose gradients pdml-ray's own sync has not combined yet
 _guard_installed = False
-
-
-def _is_sharded(model: torch.nn.Module) -> bool:
-    from pdml_ray.train.wrappers import is_fsdp2
-
-    return is_fsdp2(model)
 
 
 def _refuse_early_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -23,6 +23,7 @@ supported ones: their reductions would silently average the weighted gradients a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -39,6 +40,8 @@ class GradientCombiner:
     """What a step needs from a wrapper: arm the weight, scale the loss, finish, and when compute ended."""
 
     name = "none"
+    on_compute_end: Callable[[], None] | None = None
+    """Called (cheaply, never blocking) where backward's compute is known to end: DDP's last bucket."""
 
     def begin(self, weight: float) -> None:
         """Arm one step's backward with this rank's weight ``b_i / B``."""
@@ -121,6 +124,8 @@ class DDPHook(GradientCombiner):
         t0 = time.perf_counter()
         if bucket.is_last():
             state._last_ready = t0
+            if state.on_compute_end is not None:
+                state.on_compute_end()
         tensor = bucket.buffer().mul_(state.weight)
         future = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
         state._launch += time.perf_counter() - t0
