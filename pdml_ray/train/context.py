@@ -138,7 +138,7 @@ class StepScope:
             sleep_s = emulate_speed(timed[-1][1] - launch_s, ctx.speed)  # the emulated slowdown counts as compute
         t1 = time.perf_counter()
         combiner.finish()  # own sync: buckets already in flight since backward
-        wait_s = time.perf_counter() - t1 + combiner.launch_s + (now - end)
+        wait_s = time.perf_counter() - t1 + launch_s + (now - end)
         ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, sleep_s)
         for step, span_s in timed:
             ctx._report_timed(step, span_s)
@@ -521,7 +521,7 @@ class PDMLContext:
             sample_losses = per_sample.float().cpu().numpy()
         self._reports.append(WorkerReport(
             worker_id=self.rank, step=step, samples=max(len(u.batch.indices), 0),
-            compute_s=max(span_s - u.launch_s, 1e-9) + u.sleep_s, wait_s=u.wait_s, step_s=u.step_s,
+            compute_s=(span_s - u.launch_s if span_s > u.launch_s else span_s) + u.sleep_s, wait_s=u.wait_s, step_s=u.step_s,
             overhead_s=u.overhead_s, loss=loss, accelerator_type=self.accelerator_type,
             sample_indices=u.batch.indices if sample_losses is not None else None, sample_losses=sample_losses))
         dt = time.perf_counter() - t0

@@ -110,6 +110,7 @@ class DDPHook(GradientCombiner):
         self.group = getattr(model, "process_group", None)
         self._last_ready: float | None = None
         self._launch = 0.0
+        self._launch_before_end: float | None = None
         try:
             model.register_comm_hook(self, DDPHook._hook)
         except RuntimeError as e:  # DDP allows one hook, registered before the first backward
@@ -124,6 +125,7 @@ class DDPHook(GradientCombiner):
         t0 = time.perf_counter()
         if bucket.is_last():
             state._last_ready = t0
+            state._launch_before_end = state._launch  # the last launch comes after compute ended
             if state.on_compute_end is not None:
                 state.on_compute_end()
         tensor = bucket.buffer().mul_(state.weight)
@@ -132,14 +134,15 @@ class DDPHook(GradientCombiner):
         return future.then(lambda f: f.value()[0])
 
     def begin(self, weight: float) -> None:
-        self.weight, self._last_ready, self._launch = weight, None, 0.0
+        self.weight, self._last_ready, self._launch, self._launch_before_end = weight, None, 0.0, None
 
     def compute_end(self) -> float | None:
         return self._last_ready
 
     @property
     def launch_s(self) -> float:
-        return self._launch
+        """Launch time inside the compute span (before the last bucket): only that is not compute."""
+        return self._launch if self._launch_before_end is None else self._launch_before_end
 
 
 class LossScale(GradientCombiner):
