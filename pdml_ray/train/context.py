@@ -82,6 +82,8 @@ class StepScope:
         self.ctx = ctx
         self.batch = batch
         self._per_sample: torch.Tensor | None = None
+        self._ended, self._sleep_s = False, 0.0
+        self._timed: list[tuple[int, float]] = []
 
     def loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
         """Weighted mean of per-sample losses (shape (b_i,)); a zero-size batch gives a zero loss.
@@ -107,7 +109,26 @@ class StepScope:
         if isinstance(self.ctx._combiner, OwnSync):
             _OPEN_OWN_SYNC_STEPS.add(id(self))
         self.ctx._timer.begin(self.batch.step)
+        self.ctx._open_scope = self
+        self._ended, self._sleep_s, self._timed = False, 0.0, []
         return self
+
+    def compute_ended(self) -> None:
+        """Backward's compute is done: DDP's last bucket calls this before launching that bucket's
+        all-reduce, otherwise the end of the block does. An EMULATED slow worker sleeps here, before its
+        last gradients go out, as a slower device would deliver them later (sleeping after the
+        all-reduce would add the sleep to every rank's step instead of overlapping it)."""
+        if self._ended:
+            return
+        self._ended = True
+        ctx, timer = self.ctx, self.ctx._timer
+        timer.end()
+        if ctx.speed < 1.0:  # waits only for this step's own compute (never a collective: it comes later)
+            self._timed = timer.collect(block=True)
+            mine = [span for step, span in self._timed if step == self.batch.step]
+            if mine:
+                launch_s = 0.0 if ctx.device.type == "cuda" else ctx._combiner.launch_s  # type: ignore[union-attr]
+                self._sleep_s = emulate_speed(mine[0] - launch_s, ctx.speed)  # counts as compute
 
     def __exit__(self, exc_type, exc, tb) -> None:
         """Compute ended when the last gradient bucket became ready (DDP's hook ends the timer there:
@@ -117,29 +138,23 @@ class StepScope:
         ctx, combiner, timer = self.ctx, self.ctx._combiner, self.ctx._timer
         assert combiner is not None  # checked in __enter__
         _OPEN_OWN_SYNC_STEPS.discard(id(self))
+        ctx._open_scope = None
         if exc_type is not None:
             timer.abort()
             combiner.abort()  # the exception propagates to the user
             return
-        if not timer.ended:
-            timer.end()
+        self.compute_ended()
         # Launching the all-reduce from inside backward (flatten, scale) is communication, not compute:
         # it costs the same at any batch size, and counting it would skew the throughput shares. On a GPU
         # the host's launch time overlaps the kernels, so the event span needs no correction.
-        on_gpu = ctx.device.type == "cuda"
-        launch_s = 0.0 if on_gpu else combiner.launch_s
+        launch_s = 0.0 if ctx.device.type == "cuda" else combiner.launch_s
         now = time.perf_counter()
         end = combiner.compute_end() or now
-        # An emulated slow GPU waits for its own compute (never a collective: the end event comes first)
-        # to sleep in proportion to it; at full speed nothing waits.
-        timed = timer.collect(block=on_gpu and ctx.speed < 1.0)
-        sleep_s = 0.0
-        if timed and timed[-1][0] == self.batch.step:
-            sleep_s = emulate_speed(timed[-1][1] - launch_s, ctx.speed)  # the emulated slowdown counts as compute
+        timed = self._timed + timer.collect()
         t1 = time.perf_counter()
         combiner.finish()  # own sync: buckets already in flight since backward
-        wait_s = time.perf_counter() - t1 + launch_s + (now - end)
-        ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, sleep_s)
+        wait_s = time.perf_counter() - t1 + launch_s + max(0.0, now - end - self._sleep_s)
+        ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, self._sleep_s)
         for step, span_s in timed:
             ctx._report_timed(step, span_s)
 
@@ -178,6 +193,7 @@ class PDMLContext:
         self._combiner: GradientCombiner | None = None
         self._timer = make_timer(device)  # compute time per step (CUDA events on a GPU: a step late)
         self._untimed: dict[int, _Untimed] = {}  # finished steps whose compute time is not known yet
+        self._open_scope: StepScope | None = None  # the step block being run (DDP's hook ends its compute)
         # Own sync only: overlap the all-reduce with backward on GPUs (NCCL runs beside the kernels).
         # On CPUs (gloo) the collective's threads take cores from the compute itself, so it runs after
         # backward. Set before prepare_model; False also allows several backward passes per step.
@@ -213,12 +229,16 @@ class PDMLContext:
                     for p in model.parameters():
                         dist.broadcast(p.data, src=0)
         model, self._combiner = combiner_for(model, sync, self.world_size, self.device, self.overlap_comm)
-        self._combiner.on_compute_end = self._timer.end  # DDP's last bucket: backward's compute is done
+        self._combiner.on_compute_end = self._compute_ended  # DDP's last bucket: backward's compute is done
         self._params = [p for p in model.parameters() if p.requires_grad]
         _install_optimizer_guard()
         if self.rank == 0:
             log.info("pdml-ray gradient weights: %s", describe(self._combiner))
         return model
+
+    def _compute_ended(self) -> None:
+        if self._open_scope is not None:
+            self._open_scope.compute_ended()
 
     def measure_comm_s(self, repeats: int = 10) -> float:
         """Median seconds of the gradient all-reduce alone (after a barrier, so no one is waiting)."""
