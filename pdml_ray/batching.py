@@ -2,7 +2,10 @@
 
 One place for the rounding rule, below both the decision records (``NodeDecision.uniform``) and the
 node deriver: integer sizes proportional to shares that sum exactly to the global batch (floors and
-caps met by water-filling, then largest-remainder rounding).
+caps met by water-filling, then largest-remainder rounding). And one place for the step-time model
+the node deriver balances: worker i computes a batch of b samples in ``c_i + b / r_i`` seconds (a
+fixed cost per step plus a per-sample rate); ``balance_affine`` splits the global batch so that the
+slowest worker is as fast as it can be, ``predicted_step_s`` is that model's step time.
 """
 
 from __future__ import annotations
@@ -56,9 +59,63 @@ def round_to_batch_sizes(shares: Sequence[float] | np.ndarray, total: int, min_b
     return sizes
 
 
-def predicted_step_s(batch_sizes: Sequence[int], rates: Sequence[float] | np.ndarray) -> float:
-    """Compute time of a synchronous step: the slowest worker's batch over its rate (seconds)."""
-    return max(b / r for b, r in zip(batch_sizes, rates) if b > 0) if sum(batch_sizes) else 0.0
+def balance_affine(fixed_s: Sequence[float] | np.ndarray, rates: Sequence[float] | np.ndarray, total: int,
+                   min_batch: int = 0, max_batch: int | None = None) -> np.ndarray:
+    """Real-valued batch sizes (float64, shape (n,)) summing to ``total`` that minimise the step time
+    ``max_i fixed_s[i] + b_i / rates[i]`` within ``[min_batch, max_batch]``.
+
+    Water-filling on the level T: ``b_i(T) = clip(rates[i] * (T - fixed_s[i]), min_batch, max_batch)``
+    with ``sum_i b_i(T) == total``. The sum is piecewise linear and non-decreasing in T, so T is found
+    exactly between two of its breakpoints. Workers that reach the level have equal predicted step
+    times; a worker whose fixed cost alone exceeds the level keeps ``min_batch``. With all fixed costs
+    zero the sizes are proportional to the rates (what ``round_to_batch_sizes`` water-fills).
+    ``round_to_batch_sizes(b / total, total, min_batch, max_batch)`` turns the result into integers.
+    """
+    c = np.asarray(fixed_s, dtype=np.float64)
+    r = np.asarray(rates, dtype=np.float64)
+    n = len(r)
+    if n == 0 or len(c) != n:
+        raise PlanError(f"balance_affine needs one fixed cost and one rate per worker, got {len(c)} and {n}")
+    if not (np.all(np.isfinite(r)) and np.all(r > 0) and np.all(np.isfinite(c)) and np.all(c >= 0)):
+        raise PlanError(f"rates must be finite and > 0, fixed costs finite and >= 0; got rates {r.tolist()}, "
+                        f"fixed costs {c.tolist()}")
+    cap = float(total if max_batch is None else max_batch)
+    lo = float(min_batch)
+    if n * lo > total or n * cap < total:
+        raise PlanError(f"cannot split {total} samples over {n} workers within [{min_batch}, {max_batch}]; "
+                        "change min_batch/max_batch or the global batch size")
+
+    def filled(level: float) -> np.ndarray:
+        return np.clip(r * (level - c), lo, cap)
+
+    # Below the lowest breakpoint every worker sits at min_batch, above the highest at the cap.
+    levels = np.unique(np.concatenate([c + lo / r, c + cap / r]))
+    sums = np.array([filled(t).sum() for t in levels])
+    k = int(np.searchsorted(sums, total, side="left"))  # first breakpoint whose sum reaches total
+    if k == 0:
+        level = float(levels[0])
+    elif k == len(levels):  # every worker at its cap (the sum fell short by rounding)
+        level = float(levels[-1])
+    else:  # linear between breakpoints k - 1 and k
+        t0, t1, s0, s1 = levels[k - 1], levels[k], sums[k - 1], sums[k]
+        level = float(t0 + (total - s0) * (t1 - t0) / (s1 - s0))
+    b = filled(level)
+    # Rounding noise: hand the last fraction to the workers strictly inside their bounds.
+    free = (b > lo) & (b < cap)
+    short = total - b.sum()
+    if free.any() and short != 0.0:
+        b[free] += short * r[free] / r[free].sum()
+        b = np.clip(b, lo, cap)
+    return b
+
+
+def predicted_step_s(batch_sizes: Sequence[int] | np.ndarray, rates: Sequence[float] | np.ndarray,
+                     fixed_s: Sequence[float] | np.ndarray | None = None) -> float:
+    """Compute time of a synchronous step under the affine model: ``max_i fixed_s[i] + b_i / rates[i]``
+    over the workers with a non-empty batch (seconds; no fixed costs: the slowest batch over its rate)."""
+    fixed = [0.0] * len(batch_sizes) if fixed_s is None else fixed_s
+    times = [c + b / r for b, r, c in zip(batch_sizes, rates, fixed) if b > 0]
+    return float(max(times)) if times else 0.0
 
 
 def step_slices(offset: int, batch_sizes: Sequence[int], num_samples: int) -> list[slice]:

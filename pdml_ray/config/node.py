@@ -9,7 +9,7 @@ from pdml_ray.emulation import check_speed
 
 # Relative training throughput by accelerator type, used as the prior before any measurement.
 # Rough dense-BF16 ratios (H100 SXM = 1.0); only the ratios matter, and measurements replace them
-# within the first decision interval. Users override or extend them with ``NodePriorityConfig.prior``.
+# within the first decision intervals. Users override or extend them with ``NodePriorityConfig.prior``.
 DEFAULT_ACCELERATOR_PRIOR: dict[str, float] = {
     "H200": 1.15,
     "H100": 1.0,
@@ -25,12 +25,15 @@ DEFAULT_ACCELERATOR_PRIOR: dict[str, float] = {
 
 @dataclass(kw_only=True, slots=True)
 class NodePriorityConfig:
-    """Node priorities: each worker's share of a fixed global batch follows its measured throughput."""
+    """Node priorities: each worker's share of a fixed global batch balances its predicted step time
+    (a fitted fixed cost per step plus a per-sample rate, see ``pdml_ray.priority.node``)."""
 
     global_batch_size: int = 256
     """Samples per optimizer step over all workers; per-worker batch sizes always sum to it."""
-    ema_alpha: float = 0.5
-    """Weight of the newest throughput measurement in the EMA (1.0 = use only the newest)."""
+    ema_alpha: float = 0.1
+    """Weight of the newest report in each worker's step-time fit: every later report makes an
+    older one count ``1 - ema_alpha`` times less (0.1: about the last 20 reports carry the fit;
+    1.0 = only the newest report, which leaves no noise estimate, so only ``hysteresis`` gates)."""
     decision_interval: int = 5
     """Steps between node decisions; all ranks switch to a new decision at the same step."""
     warmup_steps: int = 2
@@ -39,8 +42,14 @@ class NodePriorityConfig:
     """Smallest per-worker batch. Every worker keeps at least this many samples per step."""
     max_batch: int | None = None
     """Largest per-worker batch (memory cap); None means no cap."""
-    hysteresis: float = 0.03
-    """Keep the current batch sizes unless the new ones cut the predicted step time by more than this fraction."""
+    hysteresis: float = 0.01
+    """Floor on a switch's gain: keep the current batch sizes unless the new ones cut the predicted step
+    time by more than this fraction, however certain the gain (the noise gate is ``decision_confidence``)."""
+    decision_confidence: float = 2.0
+    """The noise gate, in standard errors: new batch sizes must be predicted faster than the current ones
+    by more than this many standard errors of the predicted difference (from each worker's fitted
+    step-time noise and effective number of reports). Higher switches less on noise and later on real
+    changes; 0 switches on any predicted gain above ``hysteresis``."""
     prior: dict[str, float] = field(default_factory=dict)
     """Relative speeds by accelerator type; merged over DEFAULT_ACCELERATOR_PRIOR."""
     emulated_speeds: list[float] | None = None
@@ -65,6 +74,9 @@ class NodePriorityConfig:
                      f"got {self.max_batch!r}")
         require(finite(self.hysteresis) and 0.0 <= self.hysteresis < 1.0,
                  f"node_priority.hysteresis must be in [0, 1) (a fraction of step time), got {self.hysteresis!r}")
+        require(finite(self.decision_confidence) and 0.0 <= self.decision_confidence <= 10.0,
+                 f"node_priority.decision_confidence must be a number of standard errors in [0, 10] "
+                 f"(e.g. 2.0; 0 turns the noise gate off), got {self.decision_confidence!r}")
         for name, speed in self.prior.items():
             require(finite(speed) and speed > 0,
                      f"node_priority.prior[{name!r}] must be a positive relative speed, got {speed!r}")

@@ -1,8 +1,9 @@
-"""The one exponential moving average behind every estimate the derivers keep.
+"""The one exponential moving average behind the derivers' smoothed estimates.
 
-Node priorities smooth each worker's throughput (samples/s), osprey each (stage, replica, kind)
-latency (seconds), sample priorities each sample's loss (``score='loss_ema'``; ``'loss'`` is the same
-EMA with ``alpha = 1``). All three share one rule:
+Osprey smooths each (stage, replica, kind) latency (seconds), sample priorities each sample's loss
+(``score='loss_ema'``; ``'loss'`` is the same EMA with ``alpha = 1``). (Node priorities fit a line
+per worker instead, ``node.StepTimeFit``: a step time has a fixed and a per-sample part, which one
+smoothed rate cannot tell apart.) Both share one rule:
 
     first observation of a slot:   value <- x                       (replaces the prior outright)
     later observations:            value <- (1 - alpha) * value + alpha * x

@@ -43,7 +43,8 @@ def checking_loop(config):
         optimizer.zero_grad()
         steps_done += 1
         if ctx.rank == 0 and kill_at - 14 <= batch.step <= kill_at:
-            window_rates.append(list(ctx.client.call("stats").derivers["node"].rates))  # the scheduler's view, step by step
+            node = ctx.client.call("stats").derivers["node"]  # the scheduler's view, step by step
+            window_rates.append([list(node.fixed_costs), list(node.rates)])
         if batch.step == kill_at and ctx.rank == 0:
             history = ctx.client.call("decision_history")  # the scheduler's record, before it dies
             ray.kill(ray.get_actor(ctx.config.scheduler_name, namespace=ctx.config.namespace), no_restart=True)

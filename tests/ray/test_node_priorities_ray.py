@@ -9,6 +9,7 @@ import pytest
 import ray
 import ray.train
 
+from pdml_ray.batching import balance_affine
 from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.train import PDMLTrainer
 
@@ -19,8 +20,7 @@ from loops import KILL_AT, STEPS, checking_loop
 def run(ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("node") / "out.json"
     config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=512, emulated_speeds=[1.0, 0.4],
-                                                         decision_interval=4, warmup_steps=2, hysteresis=0.02,
-                                                         ema_alpha=0.3))
+                                                         decision_interval=4, warmup_steps=2))
     result = PDMLTrainer(checking_loop, train_loop_config={"out": str(out)},
                          scaling_config=ray.train.ScalingConfig(num_workers=2),
                          run_config=ray.train.RunConfig(name="node-test", storage_path=str(out.parent)),
@@ -36,31 +36,28 @@ def test_weighted_gradient_equals_global_batch_gradient(run):
         assert check["max_abs_diff"] < 1e-5, check
 
 
-def test_shares_settle_near_the_speed_ratio(run):
+def test_shares_settle_near_the_optimum_of_the_measured_step_time_model(run):
     _, out = run
     # Mean shares over the steps before the kill (decisions come every 4 steps from step ~8).
     window = np.array(out["sizes"][KILL_AT - 10:KILL_AT + 1], dtype=float)
     shares = (window / window.sum(axis=1, keepdims=True)).mean(axis=0)
-    # They follow the measured speeds to within 10%: the slow worker's measured rate over the fast
-    # one's, as the scheduler saw them one decision interval (4 steps) earlier, when it decided those
-    # shares (window_rates holds steps KILL_AT - 14 .. KILL_AT). Per-step rates jitter on 2 vCPUs (the
-    # ratio moved between 0.25 and 0.35 within one window), so both sides are means over the window;
-    # lagged so, they agreed within 3% in four runs, while the rates at the kill alone missed by 11-15%.
-    lagged = out["window_rates"][:11]
-    measured = np.mean([r[1] / r[0] for r in lagged])
-    assert abs(shares[1] / shares[0] / measured - 1.0) <= 0.10, (shares.tolist(), lagged)
-    # And the measured speeds are those emulated (1 : 0.4) up to what the machine adds: on 2 vCPUs the
-    # slow worker always computes beside the fast one, the fast one partly alone while the slow one
-    # sleeps, so real compute makes the slow worker up to ~35% slower still. Shares within 10% of
-    # 1:0.4 hold where workers do not share cores; here we bound the effective ratio to [0.25, 0.44].
-    assert 0.25 <= shares[1] / shares[0] <= 0.44, shares.tolist()
+    # They follow the scheduler's step-time model t_i(b) = c_i + b / r_i, as it stood one decision
+    # interval (4 steps) earlier, when it decided those shares (window_rates holds steps KILL_AT - 14 ..
+    # KILL_AT): its optimum balances the predicted step times. Per-step timings jitter on 2 vCPUs, so
+    # both sides are means over the window.
+    optima = [balance_affine(c, r, 512, 1) / 512 for c, r in out["window_rates"][:11]]
+    expected = np.mean(optima, axis=0)
+    assert abs(shares[1] / shares[0] / (expected[1] / expected[0]) - 1.0) <= 0.10, (shares.tolist(), expected.tolist())
+    # And the slow worker (emulated 0.4) ends well below an equal share and near its speed share or
+    # below (fixed per-step costs, slept in proportion too, rightly give it less; 2 vCPUs add contention).
+    assert 0.15 <= shares[1] / shares[0] <= 0.44, shares.tolist()
 
 
 def test_workers_run_exactly_the_decisions_the_scheduler_stamped(run):
     _, out = run
     stamped = {(d["version"], d["effective_step"]): tuple(d["batch_sizes"]) for d in out["history"]}
     before_kill = [a for a in out["adopted"] if a[0] <= KILL_AT]
-    assert len(before_kill) >= 2, out["adopted"]
+    assert len(before_kill) >= 1, out["adopted"]
     for step, version, sizes in before_kill:
         assert stamped.get((version, step)) == tuple(sizes), (step, version, sizes, out["history"])
 

@@ -76,12 +76,12 @@ def test_registration_moves_the_prior_at_the_next_boundary():
 def test_bad_reports_are_rejected_counted_and_move_nothing(bad, why):
     s = Scheduler(_config(), 2)
     s.report(_reports(0, [100.0, 100.0]))
-    before = s.derivers["node"].throughput.values.copy()
+    before = s.derivers["node"].fit.values.copy()
     fields = dict(worker_id=0, step=5, samples=50, compute_s=0.5)
     fields.update(bad)
     s.report([WorkerReport(**fields), *_reports(6, [100.0, 100.0])])  # the good ones still count
     assert s.reports_rejected == 1 and why in s.rejections[-1] and s.reports_received == 4
-    assert np.array_equal(s.derivers["node"].throughput.values, before)
+    assert np.array_equal(s.derivers["node"].fit.values, before)
     assert s.last_step == 6
 
 
