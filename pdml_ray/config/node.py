@@ -28,8 +28,9 @@ class NodePriorityConfig:
     """Node priorities: each worker's share of a fixed global batch balances its predicted step time
     (a fitted fixed cost per step plus a per-sample rate, see ``pdml_ray.priority.node``)."""
 
-    global_batch_size: int = 256
-    """Samples per optimizer step over all workers; per-worker batch sizes always sum to it."""
+    global_batch_size: int | None = None
+    """Samples per optimizer step over all workers; per-worker batch sizes always sum to it. Required
+    (no silent default: it sets the learning dynamics). ``batch`` gives it, checked."""
     ema_alpha: float = 0.1
     """Weight of the newest report in each worker's step-time fit: every later report makes an
     older one count ``1 - ema_alpha`` times less (0.1: about the last 20 reports carry the fit;
@@ -58,8 +59,10 @@ class NodePriorityConfig:
     """False keeps uniform shares (the baseline) while still measuring and reporting."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.global_batch_size, int) and self.global_batch_size >= 1,
-                 f"node_priority.global_batch_size must be a positive integer, got {self.global_batch_size!r}")
+        require(self.global_batch_size is None or (isinstance(self.global_batch_size, int)
+                                                   and not isinstance(self.global_batch_size, bool)
+                                                   and self.global_batch_size >= 1),
+                f"node_priority.global_batch_size must be a positive integer, got {self.global_batch_size!r}")
         require(finite(self.ema_alpha) and 0.0 < self.ema_alpha <= 1.0,
                  f"node_priority.ema_alpha must be in (0, 1] (e.g. 0.5), got {self.ema_alpha!r}")
         require(isinstance(self.decision_interval, int) and self.decision_interval >= 1,
@@ -88,14 +91,23 @@ class NodePriorityConfig:
         """The effective prior table: defaults overridden by the user's entries."""
         return {**DEFAULT_ACCELERATOR_PRIOR, **self.prior}
 
+    @property
+    def batch(self) -> int:
+        """``global_batch_size``, which must be set: ConfigError naming the field if it is not."""
+        require(self.global_batch_size is not None,
+                "node_priority.global_batch_size is not set: give the samples per optimizer step over all "
+                "workers, e.g. PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=1024))")
+        return self.global_batch_size  # type: ignore[return-value]
+
     def check_workers(self, num_workers: int) -> None:
         """Check that ``num_workers`` workers can satisfy the batch bounds; say what to change if not."""
         require(num_workers >= 1, f"need at least one worker, got {num_workers}")
-        require(self.min_batch * num_workers <= self.global_batch_size,
+        self.batch  # noqa: B018 - raises when the global batch size is missing
+        require(self.min_batch * num_workers <= self.batch,
                  f"node_priority.min_batch={self.min_batch} x {num_workers} workers exceeds "
                  f"global_batch_size={self.global_batch_size}; lower min_batch or raise global_batch_size")
         if self.max_batch is not None:
-            require(self.max_batch * num_workers >= self.global_batch_size,
+            require(self.max_batch * num_workers >= self.batch,
                      f"node_priority.max_batch={self.max_batch} x {num_workers} workers is below "
                      f"global_batch_size={self.global_batch_size}; raise max_batch or lower global_batch_size")
         if self.emulated_speeds is not None:

@@ -386,9 +386,9 @@ class NodePriorityDeriver(Deriver):
         if not cfg.enabled:
             fixed, rates = np.zeros(self.num_workers), np.ones(self.num_workers)
             source = "uniform (node priorities disabled)"
-        target = balance_affine(fixed, rates, cfg.global_batch_size, cfg.min_batch, cfg.max_batch)
+        target = balance_affine(fixed, rates, cfg.batch, cfg.min_batch, cfg.max_batch)
         shares = target / target.sum()
-        sizes = round_to_batch_sizes(shares, cfg.global_batch_size, cfg.min_batch, cfg.max_batch)
+        sizes = round_to_batch_sizes(shares, cfg.batch, cfg.min_batch, cfg.max_batch)
         return NodeDecision.from_sizes(0, 0, sizes, shares, reason=source)
 
     def stats(self) -> NodeStats:

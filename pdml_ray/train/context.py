@@ -172,7 +172,7 @@ class PDMLContext:
         speeds = config.node_priority.emulated_speeds
         self.speed = speeds[rank] if speeds else 1.0
         self.client = client
-        self.decision = NodeDecision.uniform(config.node_priority.global_batch_size, world_size)
+        self.decision = NodeDecision.uniform(config.node_priority.batch, world_size)
         self.versions: dict[str, int] = {"node": self.decision.version}  # newest adopted version per deriver
         self.adopted: list[tuple[int, int, tuple[int, ...]]] = []  # (step, version, batch_sizes)
         self.stale_bundles = 0  # bundles that arrived after the step they were for (dropped)
@@ -321,7 +321,7 @@ class PDMLContext:
                 offset += total
                 step += 1
         else:
-            for k in range(start, math.ceil(num_samples / self.config.node_priority.global_batch_size)):
+            for k in range(start, math.ceil(num_samples / self.config.node_priority.batch)):
                 before(step)
                 plan = self._plans.pop(step, None) or self._uniform_plan(step)
                 sizes = [len(i) for i in plan.indices]
@@ -453,7 +453,7 @@ class PDMLContext:
                 continue
             self.versions[name] = decision.version
             if isinstance(decision, NodeDecision):
-                decision.validate(self.config.node_priority.global_batch_size)
+                decision.validate(self.config.node_priority.batch)
                 if effective == self.global_step:
                     self._in_force(decision)
                 else:
@@ -607,4 +607,4 @@ class StepBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Steps in the epoch: ceil(N / B) (a resumed epoch has fewer)."""
-        return math.ceil(self.num_samples / self.ctx.config.node_priority.global_batch_size)
+        return math.ceil(self.num_samples / self.ctx.config.node_priority.batch)

@@ -59,3 +59,11 @@ def test_unknown_keys_list_the_valid_ones():
 
 def test_sample_priority_is_off_by_default():
     assert PDMLConfig().sample_priority is None
+
+
+def test_a_missing_global_batch_size_is_refused_with_the_fix():
+    from pdml_ray.scheduler import Scheduler
+
+    with pytest.raises(ConfigError, match="global_batch_size is not set"):
+        Scheduler(PDMLConfig(), 2)
+    assert NodePriorityConfig(global_batch_size=64).batch == 64
