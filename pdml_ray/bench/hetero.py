@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="alternating repetitions of both arms (default 3, --quick 1)")
     parser.add_argument("--global-batch", type=int, default=1024, help="global batch size (default 1024)")
     parser.add_argument("--hidden", type=int, default=1024, help="MLP hidden width (default 1024)")
-    parser.add_argument("--sync", choices=("pdml", "ddp", "fsdp"), default="pdml",
-                        help="how gradients are combined: pdml-ray's own bucketed sync (default), the model "
-                             "wrapped in DDP (weighting hook), or sharded with FSDP2 (loss scale)")
+    parser.add_argument("--sync", choices=("ddp", "fsdp"), default="ddp",
+                        help="how gradients are combined: the model wrapped in DDP (weighting hook; default) "
+                             "or sharded with FSDP2 (loss scale)")
 
 
 def parse_speeds(text: str, workers: int | None) -> list[float]:

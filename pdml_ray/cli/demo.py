@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--address", default=None, help="existing Ray cluster to use (default: start a local one)")
-    parser.add_argument("--sync", choices=("pdml", "ddp", "fsdp"), default="pdml",
-                        help="gradient combination: pdml-ray's own sync (default), DDP, or FSDP2")
+    parser.add_argument("--sync", choices=("ddp", "fsdp"), default="ddp",
+                        help="gradient combination: DDP with the weighting hook (default), or FSDP2")
 
 
 def _watch(name: str, namespace: str, label: str, total_steps: int, stop: threading.Event) -> None:

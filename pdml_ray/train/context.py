@@ -10,8 +10,9 @@
                 step.loss(per_sample).backward()            # importance-weighted mean
             optimizer.step(); optimizer.zero_grad()         # gradients are already combined
 
-On leaving ``ctx.step`` the worker's gradient is multiplied by its weight b_i / B and SUM
-all-reduced, so every rank holds the mean gradient over the global batch. Decisions switch at step
+During backward each rank's gradient is multiplied by its weight b_i / B and SUM all-reduced (DDP's
+communication hook; FSDP2: a loss scale, see ``wrappers``), so every rank holds the mean gradient
+over the global batch when the step block ends. Decisions switch at step
 boundaries (every ``decision_interval`` steps): rank 0 polls the scheduler without blocking and
 broadcasts what it has, so all ranks adopt a new decision at the same step.
 """
@@ -38,8 +39,7 @@ from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePla
 from pdml_ray.emulation import emulate_speed
 from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.train.timing import make_timer
-from pdml_ray.train.wrappers import (GradientCombiner, OwnSync, Sync, check_supported, combiner_for, describe,
-                                     is_fsdp2)
+from pdml_ray.train.wrappers import GradientCombiner, Sync, check_supported, combiner_for, describe, is_fsdp2
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,6 @@ class StepScope:
         if self.ctx._combiner is None:
             raise UsageError("call ctx.prepare_model(model) before the first ctx.step(batch)")
         self.ctx._combiner.begin(self.batch.grad_weight)
-        if isinstance(self.ctx._combiner, OwnSync):
-            _OPEN_OWN_SYNC_STEPS.add(id(self))
         self.ctx._timer.begin(self.batch.step)
         self.ctx._open_scope = self
         self._ended, self._sleep_s, self._timed = False, 0.0, []
@@ -137,11 +135,9 @@ class StepScope:
         collectives too) and arrives a step late on a GPU; the step's report waits for it."""
         ctx, combiner, timer = self.ctx, self.ctx._combiner, self.ctx._timer
         assert combiner is not None  # checked in __enter__
-        _OPEN_OWN_SYNC_STEPS.discard(id(self))
         ctx._open_scope = None
         if exc_type is not None:
-            timer.abort()
-            combiner.abort()  # the exception propagates to the user
+            timer.abort()  # the exception propagates to the user
             return
         self.compute_ended()
         # Launching the all-reduce from inside backward (flatten, scale) is communication, not compute:
@@ -151,9 +147,7 @@ class StepScope:
         now = time.perf_counter()
         end = combiner.compute_end() or now
         timed = self._timed + timer.collect()
-        t1 = time.perf_counter()
-        combiner.finish()  # own sync: buckets already in flight since backward
-        wait_s = time.perf_counter() - t1 + launch_s + max(0.0, now - end - self._sleep_s)
+        wait_s = launch_s + max(0.0, now - end - self._sleep_s)  # backward's wait for the all-reduce
         ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, self._sleep_s)
         for step, span_s in timed:
             ctx._report_timed(step, span_s)
@@ -194,10 +188,6 @@ class PDMLContext:
         self._timer = make_timer(device)  # compute time per step (CUDA events on a GPU: a step late)
         self._untimed: dict[int, _Untimed] = {}  # finished steps whose compute time is not known yet
         self._open_scope: StepScope | None = None  # the step block being run (DDP's hook ends its compute)
-        # Own sync only: overlap the all-reduce with backward on GPUs (NCCL runs beside the kernels).
-        # On CPUs (gloo) the collective's threads take cores from the compute itself, so it runs after
-        # backward. Set before prepare_model; False also allows several backward passes per step.
-        self.overlap_comm = device.type == "cuda"
         self._reports: list[WorkerReport] = []
         self._plans: dict[int, SamplePlan] = {}
         self._num_samples: int | None = None
@@ -213,25 +203,19 @@ class PDMLContext:
     def prepare_model(self, model: torch.nn.Module, sync: Sync = "auto") -> torch.nn.Module:
         """Make every rank's gradient carry its weight ``b_i / B`` (see ``wrappers``). Call once.
 
-        ``sync='auto'`` keeps the user's wrapper: a ``DistributedDataParallel`` model gets a weighting
-        communication hook, a ``fully_shard`` (FSDP2) model a loss scale, and a plain module is moved
-        to the device, given rank 0's parameters and pdml-ray's bucketed weighted all-reduce.
-        ``sync='ddp'`` wraps a plain module in DDP (as ``ray.train.torch.prepare_model`` does) with the
-        hook. A wrapped model keeps ``.module`` as DDP does.
+        A ``DistributedDataParallel`` model gets a weighting communication hook, a ``fully_shard``
+        (FSDP2) model a loss scale, and a plain module is moved to the device and wrapped in DDP (as
+        ``ray.train.torch.prepare_model`` does, rank 0's parameters broadcast) with the hook. The
+        returned model is the wrapper; ``.module`` is yours, as with DDP.
         """
         if self._combiner is not None:
             raise UsageError("ctx.prepare_model was already called: prepare one model per training run")
         check_supported(model, sync)
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel) and not is_fsdp2(model):
             model = model.to(self.device)
-            if self.world_size > 1 and sync != "ddp":  # DDP broadcasts rank 0's parameters itself
-                with torch.no_grad():
-                    for p in model.parameters():
-                        dist.broadcast(p.data, src=0)
-        model, self._combiner = combiner_for(model, sync, self.world_size, self.device, self.overlap_comm)
+        model, self._combiner = combiner_for(model, sync, self.world_size, self.device)
         self._combiner.on_compute_end = self._compute_ended  # DDP's last bucket: backward's compute is done
         self._params = [p for p in model.parameters() if p.requires_grad]
-        _install_optimizer_guard()
         if self.rank == 0:
             log.info("pdml-ray gradient weights: %s", describe(self._combiner))
         return model
@@ -569,26 +553,6 @@ class _Untimed:
     per_sample: torch.Tensor | None
     launch_s: float
     sleep_s: float
-
-
-_OPEN_OWN_SYNC_STEPS: set[int] = set()  # step blocks whose gradients pdml-ray's own sync has not combined yet
-_guard_installed = False
-
-
-def _refuse_early_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    if _OPEN_OWN_SYNC_STEPS:
-        raise UsageError("optimizer.step() was called inside `with ctx.step(batch)`, before the gradients were "
-                         "combined across workers (ranks would diverge); call it after the block")
-
-
-def _install_optimizer_guard() -> None:
-    """A global optimizer pre-step hook, once per process: refuse a step inside an own-sync step block."""
-    global _guard_installed
-    if not _guard_installed:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        register_optimizer_step_pre_hook(_refuse_early_optimizer_step)
-        _guard_installed = True
 
 
 class StepBatchSampler(torch.utils.data.Sampler[list[int]]):

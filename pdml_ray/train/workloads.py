@@ -54,7 +54,7 @@ def classification_loop(config: dict) -> None:
     """The standard pdml-ray training loop on a generated classification task.
 
     config: num_samples, dim, hidden, depth, num_classes, epochs, lr, seed, progress_every (0 = quiet),
-    measure_comm (bool), sync ('pdml' own sync, 'ddp' a DDP-wrapped model, 'fsdp' FSDP2 fully_shard).
+    measure_comm (bool), sync ('ddp' a DDP-wrapped model, the default; 'fsdp' FSDP2 fully_shard).
     Rank 0 prints progress; ``measure_comm`` records the all-reduce time alone.
     """
     torch.set_num_threads(config.get("threads", 1))
@@ -62,7 +62,7 @@ def classification_loop(config: dict) -> None:
     x, y = make_classification(config["num_samples"], config["dim"], config["num_classes"], config["seed"])
     x, y = x.to(ctx.device), y.to(ctx.device)
     model = ctx.prepare_model(wrap(make_mlp(config["dim"], config["hidden"], config["num_classes"], config["depth"],
-                                            config["seed"]), config.get("sync", "pdml"), ctx.device))
+                                            config["seed"]), config.get("sync", "ddp"), ctx.device))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     every = config.get("progress_every", 0)
     label = config.get("label", "")

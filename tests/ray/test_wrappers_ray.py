@@ -77,7 +77,7 @@ def test_two_concurrent_runs_get_their_own_scheduler(ray_local, tmp_path):
                                     scheduler_name="pdml-taken"), 1)
 
 
-def test_buffers_follow_rank_0_under_the_own_sync_as_under_ddp(ray_local, tmp_path):
+def test_a_plain_module_gets_ddp_and_its_buffers_follow_rank_0(ray_local, tmp_path):
     out = tmp_path / "buffers.json"
     config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=128, emulated_speeds=[1.0, 0.5],
                                                          decision_interval=2, warmup_steps=1))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.errors import UsageError
 from pdml_ray.train.context import PDMLContext, StepBatch
-from pdml_ray.train.wrappers import DDPHook, LossScale, OwnSync
+from pdml_ray.train.wrappers import DDPHook, LossScale, unwrap
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +58,13 @@ def test_a_ddp_model_is_detected_and_its_buckets_carry_the_weight(gloo):
     assert ctx._reports[-1].compute_s > 0
 
 
-def test_a_plain_module_gets_the_own_sync_and_sync_ddp_wraps_it(gloo):
+def test_a_plain_module_is_wrapped_in_ddp_with_the_hook(gloo):
     assert isinstance(_ctx()._combiner, type(None))
     ctx = _ctx()
-    ctx.prepare_model(_model())
-    assert isinstance(ctx._combiner, OwnSync)
-    ctx = _ctx()
-    wrapped = ctx.prepare_model(_model(), sync="ddp")
+    plain = _model()
+    wrapped = ctx.prepare_model(plain)
     assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and isinstance(ctx._combiner, DDPHook)
+    assert unwrap(wrapped) is plain
     with pytest.raises(UsageError, match="already called"):
         ctx.prepare_model(_model())
 
@@ -94,15 +93,15 @@ def test_a_loss_that_is_not_one_per_sample_is_refused(gloo):
         step.loss(torch.ones(8))  # a DataLoader batch that is not this step's indices
 
 
-def test_optimizer_step_inside_the_step_block_is_refused_under_the_own_sync(gloo):
+def test_optimizer_step_inside_the_step_block_is_harmless_under_ddp(gloo):
+    """DDP combines the gradients inside backward: an optimizer step in the block sees combined ones."""
     ctx = _ctx()
     model = ctx.prepare_model(_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
-    with pytest.raises(UsageError, match="after the block"):
-        with ctx.step(_batch()) as step:
-            step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
-            opt.step()
-    with ctx.step(_batch()) as step:  # the scope recovered: a correct step goes through
+    with ctx.step(_batch(weight=0.5)) as step:
         step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
-    opt.step()
+        combined = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+    for g, ref in zip(combined, _reference_grads(x, y)):
+        torch.testing.assert_close(g, 0.5 * ref)
