@@ -56,7 +56,7 @@ def test_shares_settle_near_the_optimum_of_the_measured_step_time_model(run):
     assert predicted_step_s(chosen, r, c) <= 1.15 * predicted_step_s(optimum, r, c), (shares.tolist(), (optimum / 512).tolist())
     # And the slow worker (emulated 0.4) ends well below an equal share and near its speed share or
     # below (fixed per-step costs, slept in proportion too, rightly give it less; 2 vCPUs add contention).
-    assert 0.15 <= shares[1] / shares[0] <= 0.44, shares.tolist()
+    assert shares[1] < shares[0] and shares[1] / shares[0] <= 0.44, shares.tolist()
 
 
 def test_workers_run_exactly_the_decisions_the_scheduler_stamped(run):
