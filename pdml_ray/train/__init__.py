@@ -1,7 +1,7 @@
 """Ray Train integration: ``PDMLTrainer`` and the in-loop context (``get_context``).
 
 ``PDMLTrainer`` (and with it Ray) is imported on first use, so the worker-side pieces
-(``pdml_ray.train.context``, ``wrappers``, ``timing``) import without Ray.
+(``pdml_ray.train.context``, ``step``, ``wrappers``, ``timing``) import without Ray.
 """
 
 from __future__ import annotations

@@ -55,6 +55,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from pdml_ray.errors import ConfigError, UsageError
+
 DEFAULT_MAX_PENDING = 8
 """Ended steps a ``CudaEventTimer`` keeps waiting for their events before it blocks on the oldest."""
 
@@ -100,7 +102,7 @@ class _Timer(Generic[M]):
 
     def __init__(self, max_pending: int) -> None:
         if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+            raise ConfigError(f"max_pending must be >= 1 (ended steps kept waiting for their events), got {max_pending}")
         self.max_pending = max_pending
         self._open: tuple[int, M] | None = None  # (step, begin mark) of the step being computed
         self._end: M | None = None  # the open step's end mark (the last end() call counts)
@@ -126,7 +128,7 @@ class _Timer(Generic[M]):
         """The step's compute starts now. Closes the previous step if it ended; one step at a time."""
         if self._open is not None:
             if self._end is None:
-                raise RuntimeError(f"timer: begin({step}) while step {self._open[0]} is still open; "
+                raise UsageError(f"timer: begin({step}) while step {self._open[0]} is still open; "
                                    "call end() or abort() first")
             self._close()
         self._open = (step, self._mark(at_begin=True))

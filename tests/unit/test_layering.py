@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pdml_ray"
 LAYERS = {"cli": 5, "bench": 5, "train": 4, "runtime": 4, "actors": 3, "metrics": 2}
 CORE_RANK = 1
 # Modules inside upper packages that hold no Ray and must import without it (worker-side code).
-RAY_FREE_EXTRAS = ["pdml_ray.train.context", "pdml_ray.train.timing",
+RAY_FREE_EXTRAS = ["pdml_ray.train.context", "pdml_ray.train.step", "pdml_ray.train.timing",
                    "pdml_ray.train.wrappers", "pdml_ray.train.workloads"]
 
 
