@@ -43,3 +43,28 @@ def emulate_speed(compute_s: float, speed: float) -> float:
     if delay > 0:
         time.sleep(delay)
     return delay
+
+
+COMPUTE_MODES = ("real", "sleep")
+"""How benchmarks spend a worker's compute: ``real`` (the workload's own forward/backward, slowed by
+``emulate_speed``) or ``sleep`` (a small real forward/backward for the gradients, plus a sleep of
+``samples x per_sample_s / speed``: contention on a small machine barely moves it, so the ideal is
+exact and what is measured is the scheduler)."""
+
+SLEEP_COMPUTE_NOTE = (
+    "compute is EMULATED (--compute sleep): each worker runs a small real forward/backward for its "
+    "gradients, then sleeps samples x per-sample time / speed; collectives are real"
+)
+
+
+def sleep_compute_s(samples: int, per_sample_s: float, speed: float = 1.0) -> float:
+    """Seconds a worker of relative ``speed`` spends on ``samples`` in the sleep compute mode."""
+    return max(0, samples) * per_sample_s / check_speed(speed)
+
+
+def sleep_compute(samples: int, per_sample_s: float, speed: float = 1.0) -> float:
+    """Sleep for ``sleep_compute_s(samples, per_sample_s, speed)``; returns the seconds slept."""
+    delay = sleep_compute_s(samples, per_sample_s, speed)
+    if delay > 0:
+        time.sleep(delay)
+    return delay

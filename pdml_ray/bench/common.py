@@ -21,6 +21,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to train on (default cpu)")
 
 
+def add_compute_argument(parser: argparse.ArgumentParser, per_sample_ms: float = 0.5) -> None:
+    """``--compute real|sleep`` and ``--per-sample-ms``, for benchmarks that can emulate compute time."""
+    from pdml_ray.emulation import COMPUTE_MODES
+
+    parser.add_argument("--compute", choices=COMPUTE_MODES, default="real",
+                        help="real: the workload's own compute (default); sleep: a small real forward/backward "
+                             "plus an EMULATED sleep of samples x per-sample time / speed, so CPU contention "
+                             "does not decide the result")
+    parser.add_argument("--per-sample-ms", type=float, default=per_sample_ms,
+                        help=f"emulated compute per sample at speed 1 with --compute sleep (default {per_sample_ms})")
+
+
 def git_rev() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
