@@ -32,6 +32,12 @@ from ``sum p`` and ``sum p^2`` that the owner has at hand (SamplePrioritizer: it
 one dot product of the leaves): exact at any N, peaks included; ties are then counted only when the
 ESS reads flat, and entropy, which needs a log of every item, is not reported (nan).
 
+Keeping ``sum p^2`` at hand. One pass over the leaves costs ~10 us at N = 20,000 but ~4-8 ms at N =
+10^7, several steps' worth of a small model's compute at the default ``check_interval``.
+``RunningSquares`` keeps the sum up to date as items change (O(B) per update: the old and new values
+of the changed items), so a check is O(1); it recomputes exactly (O(N)) only when the accumulated
+change could have cost precision, or after a non-finite sum.
+
 Recalibration is data (``Recalibration``); the owner of the priorities carries it out, e.g. with
 ``recalibrate_priorities``.
 """
@@ -94,6 +100,48 @@ def dot(a: np.ndarray, b: np.ndarray) -> float:
     long vectors: between training steps on 2 cores that wake-up measured ~60 us at N = 20,000, six
     times the arithmetic itself."""
     return float(np.einsum("i,i->", a, b))
+
+
+class RunningSquares:
+    """``sum p^2`` of a priority vector, updated with the items that change: O(B) per change, O(1) to read.
+
+    Rounding: each update adds ``sum new^2`` and subtracts ``sum old^2``; the error of the running sum
+    is at most ~B * 2^-53 times the total magnitude added and removed since the last exact sum (the
+    ``churn``). When the churn exceeds ``2^20`` times the current sum (e.g. a peak of huge values
+    came and went), ``value`` reads None and the owner recomputes with ``reset`` (O(N)); that keeps
+    the relative error below ~1e-7 for batches up to 10^3 items. A healthy table churns ~2B/N of its
+    sum per update, so at N = 20,000 and B = 640 that happens every ~10^7 updates."""
+
+    CHURN_LIMIT = float(1 << 20)
+
+    def __init__(self) -> None:
+        self.square = 0.0
+        self.churn = math.inf  # no exact sum yet: ``value`` is None until ``reset``
+        self.resets = 0
+
+    def reset(self, values: np.ndarray) -> None:
+        """Exact ``sum values^2`` (shape (N,)): O(N)."""
+        v = np.asarray(values, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            self.square = dot(v, v)
+        self.churn = 0.0
+        self.resets += 1
+
+    def replace(self, old: np.ndarray, new: np.ndarray) -> None:
+        """Items with values ``old`` now hold ``new`` (same shape (B,), each item once)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            added, removed = dot(new, new), dot(old, old)
+            self.square += added - removed
+        self.churn += added + removed
+
+    @property
+    def value(self) -> float | None:
+        """The running sum, or None when it must be recomputed (``reset``): never computed, non-finite,
+        negative after cancellation, or too much churn for its precision."""
+        s = self.square
+        if not (math.isfinite(s) and math.isfinite(self.churn)) or s < 0.0 or self.churn > self.CHURN_LIMIT * s:
+            return None
+        return s
 
 
 def normalized_ess(num_items: int, total: float, square: float) -> float:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pdml_ray.batching import balance_affine, predicted_step_s, round_to_batch_sizes
@@ -144,22 +144,29 @@ def affine_cluster(draw):
 
 
 @given(affine_cluster())
-@settings(max_examples=60, deadline=None, derandomize=True)  # a fixed example set: one random draw (c=[0, 45 ms, 0], r=[3379, 8051, 999]) settled 8% off, see the issue note
+@example(([0.0, 0.044921875, 0.0], [3379.0, 8051.0, 999.0], 256))  # found by Hypothesis, see the docstring
+@example(([0.05, 0.0], [10_000.0, 200.0], 256))  # the fixed cost is most of the fast worker's step
+@example(([0.0, 0.0, 0.0, 0.05], [200.0, 200.0, 200.0, 10_000.0], 1024))
+@settings(max_examples=120, deadline=None)
 def test_shares_converge_to_the_optimum_of_any_affine_cost_model(cluster):
     """Noise-free workers t_i(b) = c_i + b / r_i, any c_i in [0, 50 ms] and r_i in [200, 10^4] samples/s.
 
-    Shares are the real-valued split of the last published decision, re-published only when the
-    integer sizes change, so they may differ from the optimum by up to one sample (1/B) besides the
-    5%. (Where each worker's per-sample part is only a few samples' worth of its step, the first,
+    What converges is what runs: the integer sizes, as fractions of B, within 5% of the optimum's
+    real-valued shares plus one sample of rounding. (The decision's real-valued ``shares`` come from
+    the fit at the time it was published; a later, better fit whose integer rounding is no faster
+    is rightly not published. The first example: sizes (166, 41, 49) decided at step 10, before the
+    noise prior was forgotten, run 50.014 ms; the exact fit's rounding (168, 38, 50) would run
+    50.050 ms, so the shares stay 0.647/0.162/0.191 against an optimum of 0.656/0.150/0.194.)
+    Where each worker's per-sample part is only a few samples' worth of its step, the first,
     proportional move from uniform sizes can round to no move at all, and the line is never seen:
-    hence B >= 256 here.) The floor is off (hysteresis=0) so that only the fit limits the result.
+    hence B >= 256 here. The floor is off (hysteresis=0) so that only the fit limits the result.
     """
     fixed, rates, total = cluster
     deriver = _deriver(len(rates), global_batch_size=total, hysteresis=0.0)
     drive(deriver, fixed, rates, 150)
     optimum = balance_affine(fixed, rates, total, 1) / total
-    shares = np.asarray(deriver.current.shares)
-    assert np.all(np.abs(shares - optimum) <= 0.05 * optimum + 1.0 / total), (shares.tolist(), optimum.tolist())
+    ran = np.asarray(deriver.current.batch_sizes) / total
+    assert np.all(np.abs(ran - optimum) <= 0.05 * optimum + 1.0 / total), (ran.tolist(), optimum.tolist())
     # and the integer sizes run as fast as the optimum's rounding, up to one sample of the slowest worker
     best = predicted_step_s(round_to_batch_sizes(optimum, total, 1), rates, fixed)
     assert predicted_step_s(deriver.current.batch_sizes, rates, fixed) <= best + 1.0 / min(rates) + 1e-12
