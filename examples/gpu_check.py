@@ -1,8 +1,9 @@
-"""A short check of the real GPU path: CUDA tensors, NCCL all-reduce, timing with synchronize.
+"""A short smoke run of the real GPU path: CUDA tensors, NCCL all-reduce, CUDA event timing.
 
 Run on a machine with at least one GPU:   python examples/gpu_check.py [--workers N]
-It trains a few steps through PDMLTrainer with one GPU per worker, checks that the weighted
-all-reduce gives the global-batch gradient on the GPU, and prints rates and batch sizes.
+It trains 40 steps through PDMLTrainer with one GPU per worker and prints the accelerator types,
+rates, batch sizes and the all-reduce time; it checks that the run reported and the sizes sum to the
+global batch. (The exact-gradient check on GPUs is ``tests/gpu/test_gpu_path.py``.)
 """
 
 import argparse

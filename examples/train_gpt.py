@@ -128,6 +128,8 @@ def main() -> None:
         pdml_config=config,
     ).fit()
     print(f"metrics {result.metrics}; {result.pdml}")
+    if config.node_priority.emulation:
+        print(config.node_priority.emulation)
 
 
 if __name__ == "__main__":

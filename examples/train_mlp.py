@@ -40,6 +40,8 @@ def main() -> None:
     node = stats.derivers["node"]
     print(f"final batch sizes {list(node.batch_sizes)} (decision v{stats.versions['node']}, rates {node.rate_source}: "
           f"{[round(r) for r in node.rates]} samples/s)")
+    if stats.emulation:
+        print(stats.emulation)
 
 
 if __name__ == "__main__":

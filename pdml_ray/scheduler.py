@@ -53,11 +53,23 @@ class SchedulerStats:
     """Seconds spent inside ``report()``: the scheduler's own cost."""
     measurements: Mapping[str, float]
     derivers: Mapping[str, DeriverStats] = field(default_factory=dict)
+    emulation: str | None = None
+    """What the run EMULATES (speeds, compute), in words; None when nothing is."""
+    process_cpu_s: float | None = None
+    """CPU seconds of the scheduler actor's process since it started (the actor shell sets it; None
+    in-process). With ``ingest_s`` it is the scheduler's own cost."""
+    process_cpu_marks: tuple[tuple[int, float], ...] = ()
+    """(newest step reported, ``process_cpu_s``) after each batch of reports, the latest 2000: the
+    scheduler's CPU per training step over any window (the actor shell sets them)."""
 
     def summary_lines(self) -> list[str]:
         versions = ", ".join(f"{name} v{v}" for name, v in self.versions.items())
         lines = [f"decisions: {versions}; reports {self.reports_received} (rejected {self.reports_rejected}), "
                  f"last step {self.last_step}"]
+        if self.process_cpu_s is not None:
+            lines[0] += f"; scheduler CPU {self.process_cpu_s:.2f} s"
+        if self.emulation:
+            lines.insert(0, self.emulation)
         for stats in self.derivers.values():
             lines += stats.summary_lines()
         return lines
@@ -68,6 +80,8 @@ class SchedulerStats:
             out.append(GaugeValue("pdml_decision_version", "version of the current node decision", self.versions["node"]))
         for stats in self.derivers.values():
             out += stats.gauges()
+        if self.emulation:  # the dashboard's help text says so too
+            out = [dataclasses.replace(g, description=f"{g.description} [{self.emulation}]") for g in out]
         return out
 
 
@@ -193,7 +207,8 @@ class Scheduler:
         return SchedulerStats(versions=dict(self.versions), reports_received=self.reports_received,
                               reports_rejected=self.reports_rejected, last_step=self.last_step,
                               ingest_s=self.ingest_s, measurements=dict(self.measurements),
-                              derivers={name: s for name, s in per_deriver.items() if s is not None})
+                              derivers={name: s for name, s in per_deriver.items() if s is not None},
+                              emulation=self.config.node_priority.emulation)
 
     # -- checkpoint --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -3,7 +3,9 @@ the ``RayTransport`` workers reach it through (``pdml_ray.client.SchedulerClient
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +16,7 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
 from pdml_ray.metrics import PriorityGauges
-from pdml_ray.scheduler import Scheduler
+from pdml_ray.scheduler import Scheduler, SchedulerStats
 
 
 class MeteredScheduler(Scheduler):
@@ -24,6 +26,8 @@ class MeteredScheduler(Scheduler):
         super().__init__(config, num_workers)
         self.gauges = PriorityGauges(config.scheduler_name or "pdml-scheduler")
         self.registered: set[int] = set()
+        self._cpu0 = time.process_time()
+        self._cpu_marks: deque[tuple[int, float]] = deque(maxlen=2000)  # (last step, process CPU s) per report
 
     def register(self, worker_id: int, accelerator_type: str) -> None:
         super().register(worker_id, accelerator_type)
@@ -31,14 +35,17 @@ class MeteredScheduler(Scheduler):
         self._export()
 
     def report(self, reports: list[WorkerReport]) -> None:
-        super().report(reports)
-        self._export()
+        super().report(reports)  # exported at the boundary's bundle: once per interval, not per worker
+        self._cpu_marks.append((self.last_step, time.process_time() - self._cpu0))
 
     def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:
         bundle = super().bundle(boundary, since)
-        if bundle:
-            self._export()
+        self._export()
         return bundle
+
+    def stats(self) -> SchedulerStats:
+        return dataclasses.replace(super().stats(), process_cpu_s=time.process_time() - self._cpu0,
+                                   process_cpu_marks=tuple(self._cpu_marks))
 
     def _export(self) -> None:
         # per-worker series are tagged by accelerator type: export once every worker has said its type

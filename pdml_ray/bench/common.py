@@ -19,6 +19,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the result as JSON to FILE")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to train on (default cpu)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit with status 1 when a target is missed (without it the exit status is 0)")
 
 
 def add_compute_argument(parser: argparse.ArgumentParser, per_sample_ms: float = 0.5) -> None:
@@ -31,6 +33,11 @@ def add_compute_argument(parser: argparse.ArgumentParser, per_sample_ms: float =
                              "does not decide the result")
     parser.add_argument("--per-sample-ms", type=float, default=per_sample_ms,
                         help=f"emulated compute per sample at speed 1 with --compute sleep (default {per_sample_ms})")
+
+
+def missed_targets(result: dict[str, Any]) -> list[str]:
+    """Names of the targets a benchmark result missed (``targets``: name -> {..., "met": bool})."""
+    return [name for name, t in result.get("targets", {}).items() if not t["met"]]
 
 
 def git_rev() -> str:

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from pdml_ray.bench import BENCHMARKS
-from pdml_ray.bench.common import add_common_arguments
+from pdml_ray.bench.common import add_common_arguments, missed_targets
 from pdml_ray.errors import PDMLError
 
 # Subcommands other than bench: name -> module with DESCRIPTION, add_arguments(parser), run(args).
@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     except PDMLError as e:  # a bad value or state, said plainly: no traceback for the user to read
         print(f"pdml-ray: error: {e}", file=sys.stderr)
         return 2
+    if isinstance(result, dict) and getattr(args, "check", False):
+        missed = missed_targets(result)
+        if missed:
+            print(f"pdml-ray: {len(missed)} target(s) missed: {'; '.join(missed)}", file=sys.stderr)
+            return 1
     return result if isinstance(result, int) else 0
 
 

@@ -1,7 +1,9 @@
 """``pdml-ray demo``: the main job. Uniform shares vs node priorities on a local Ray cluster.
 
 Four workers with emulated speeds (two at 1.0, two at 0.4) train the same real MLP on generated
-data for the same number of samples twice; the table at the end compares the two runs.
+data for the same number of samples twice; the table at the end compares the two runs. With
+``--compute sleep`` the compute is EMULATED too (a small real MLP plus a sleep per sample / speed), so
+the ideal split is exactly the speed ratio whatever else the machine runs.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import argparse
 import threading
 import time
 
+from pdml_ray.bench.common import add_compute_argument
+from pdml_ray.bench.hetero import PER_SAMPLE_MS
+
 DESCRIPTION = "train twice on a local Ray cluster (uniform shares, then node priorities) and compare"
 
 
@@ -17,12 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speeds", default="1,1,0.4,0.4", help="emulated per-worker speeds (default 1,1,0.4,0.4)")
     parser.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
     parser.add_argument("--global-batch", type=int, default=1024, help="global batch size (default 1024)")
-    parser.add_argument("--hidden", type=int, default=1024, help="MLP hidden width (default 1024)")
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="MLP hidden width (default 1024; 64 with --compute sleep)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--address", default=None, help="existing Ray cluster to use (default: start a local one)")
     parser.add_argument("--sync", choices=("ddp", "fsdp"), default="ddp",
                         help="gradient combination: DDP with the weighting hook (default), or FSDP2")
+    add_compute_argument(parser, per_sample_ms=PER_SAMPLE_MS)
 
 
 def _watch(name: str, namespace: str, label: str, total_steps: int, stop: threading.Event) -> None:
@@ -52,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from pdml_ray.bench.common import check_device, print_table
-    from pdml_ray.bench.hetero import figures, parse_speeds, run_arm, summarise
-    from pdml_ray.emulation import EMULATION_NOTE
+    from pdml_ray.bench.hetero import emulation_note, figures, parse_speeds, run_arm, summarise
 
     check_device(args.device)
     speeds = parse_speeds(args.speeds, None)
@@ -62,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     context = ray.init(address=args.address, num_cpus=None if args.address else len(speeds),
                        include_dashboard=args.address is None, log_to_driver=False)
     dashboard = getattr(context, "dashboard_url", None)
-    print(f"pdml-ray demo: {len(speeds)} workers, speeds {speeds}\n  {EMULATION_NOTE}")
+    note = emulation_note(args)
+    print(f"pdml-ray demo: {len(speeds)} workers, speeds {speeds}, compute {args.compute}\n  {note}")
     if dashboard:
         print(f"  watch the priorities: Ray dashboard http://{dashboard} (Metrics: pdml_node_priority, "
               f"pdml_batch_size, pdml_grad_weight), or run `pdml-ray status --name pdml-demo-pdml` in another shell")
@@ -86,13 +93,13 @@ def run(args: argparse.Namespace) -> int:
         ray.shutdown()
 
     u, p = summaries["uniform"], summaries["pdml"]
-    fig = figures(u, p, args.global_batch)
+    fig = figures(u, p, args.global_batch, speeds if args.compute == "sleep" else None)
     rows = [["samples/s", args.global_batch / u["step_s"], args.global_batch / p["step_s"]],
             ["speedup", 1.0, fig["speedup_vs_uniform"]],
             ["efficiency vs ideal balance", fig["efficiency"] / fig["speedup_vs_uniform"], fig["efficiency"]],
             ["final loss", u["loss"], p["loss"]],
             ["batch sizes", u["batch_sizes"], p["batch_sizes"]]]
     print_table(["", "uniform shares", "node priorities"], rows,
-                title=f"result (steady-state medians; ideal speedup from measured rates + comm: {fig['ideal_speedup']:.2f}x)")
-    print(f"\n{EMULATION_NOTE}")
+                title=f"result (steady-state medians; ideal speedup from measured rates + per-step extras: {fig['ideal_speedup']:.2f}x)")
+    print(f"\n{note}")
     return 0

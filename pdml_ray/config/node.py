@@ -55,6 +55,11 @@ class NodePriorityConfig:
     """Relative speeds by accelerator type; merged over DEFAULT_ACCELERATOR_PRIOR."""
     emulated_speeds: list[float] | None = None
     """Per-worker emulated speed factors in (0, 1] for CPU machines and tests (see pdml_ray.emulation)."""
+    emulated_per_sample_s: float | None = None
+    """Sleep compute mode (EMULATED, for benchmarks and tests): each worker sleeps
+    ``samples x emulated_per_sample_s / speed`` per step in place of having its measured compute scaled
+    by ``1/speed``. Its real forward/backward still makes the gradients; keep that small so the sleep
+    dominates and contention on a small machine cannot decide the result (see pdml_ray.emulation)."""
     enabled: bool = True
     """False keeps uniform shares (the baseline) while still measuring and reporting."""
 
@@ -86,6 +91,21 @@ class NodePriorityConfig:
         if self.emulated_speeds is not None:
             for i, s in enumerate(self.emulated_speeds):
                 check_speed(s, f"node_priority.emulated_speeds[{i}]")
+        if self.emulated_per_sample_s is not None:
+            require(finite(self.emulated_per_sample_s) and 0.0 < self.emulated_per_sample_s <= 1.0,
+                    "node_priority.emulated_per_sample_s must be seconds per sample in (0, 1] (e.g. 5e-4) or "
+                    f"None, got {self.emulated_per_sample_s!r}")
+
+    @property
+    def emulation(self) -> str | None:
+        """What is EMULATED in this config, in words for every output; None when nothing is."""
+        if self.emulated_speeds is None and self.emulated_per_sample_s is None:
+            return None
+        speeds = ",".join(f"{s:g}" for s in self.emulated_speeds) if self.emulated_speeds else "all 1"
+        if self.emulated_per_sample_s is not None:
+            return (f"EMULATED compute: sleep {self.emulated_per_sample_s * 1e3:g} ms/sample / speed, "
+                    f"speeds {speeds}")
+        return f"EMULATED speeds {speeds} (measured compute scaled by 1/speed)"
 
     def accelerator_prior(self) -> dict[str, float]:
         """The effective prior table: defaults overridden by the user's entries."""

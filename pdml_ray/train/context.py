@@ -101,7 +101,6 @@ class PDMLContext:
         self._num_samples: int | None = None
         self._step_t0 = time.perf_counter()
         self._step_overhead = 0.0
-        self._boundary_wait = 0.0
         if client is not None:
             client.register(rank, accelerator_type)
         if world_size > 1:
@@ -276,11 +275,10 @@ class PDMLContext:
         """The step is done: advance, and keep what its report needs until its compute time is known."""
         t0 = time.perf_counter()
         now = t0
-        self._untimed[batch.step] = _Untimed(batch, wait_s + self._boundary_wait, now - self._step_t0,
+        self._untimed[batch.step] = _Untimed(batch, wait_s, now - self._step_t0,
                                              self._step_overhead, per_sample, launch_s, sleep_s)
         self.global_step += 1
         self._position = (batch.epoch, batch.end_offset)
-        self._boundary_wait = 0.0
         self._step_overhead = time.perf_counter() - t0
         self.overhead_s += self._step_overhead
         self._step_t0 = now
@@ -312,11 +310,9 @@ class PDMLContext:
         if self.world_size > 1:
             # one tiny broadcast says whether anything came; the pickled bundle only travels when it did
             flag = torch.tensor([1 if bundle is not None else 0], dtype=torch.int32, device=self.device)
-            t_sync = time.perf_counter()
+            # This broadcast is pdml-ray's: it counts as overhead, the wait for the last rank to finish
+            # its optimizer step included (an upper bound on what the boundary costs).
             dist.broadcast(flag, src=0)
-            # this collective mostly waits for the slowest rank to arrive: count it as waiting, not overhead
-            self._boundary_wait = time.perf_counter() - t_sync
-            t0 += self._boundary_wait
             if flag.item():
                 box = [bundle]
                 dist.broadcast_object_list(box, src=0)

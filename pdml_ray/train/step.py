@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from pdml_ray.emulation import emulate_speed
+from pdml_ray.emulation import emulate_speed, sleep_compute
 from pdml_ray.errors import UsageError
 
 if TYPE_CHECKING:
@@ -73,13 +73,17 @@ class StepScope:
         """Backward's compute is done: DDP's last bucket calls this before launching that bucket's
         all-reduce, otherwise the end of the block does. An EMULATED slow worker sleeps here, before its
         last gradients go out, as a slower device would deliver them later (sleeping after the
-        all-reduce would add the sleep to every rank's step instead of overlapping it)."""
+        all-reduce would add the sleep to every rank's step instead of overlapping it). In the sleep
+        compute mode every worker sleeps its batch's emulated compute time here."""
         if self._ended:
             return
         self._ended = True
         ctx, timer = self.ctx, self.ctx._timer
         timer.end()
-        if ctx.speed < 1.0:  # waits only for this step's own compute (never a collective: it comes later)
+        per_sample_s = ctx.config.node_priority.emulated_per_sample_s
+        if per_sample_s is not None:  # sleep compute mode: the sleep is the (emulated) compute
+            self._sleep_s = sleep_compute(len(self.batch.indices), per_sample_s, ctx.speed)
+        elif ctx.speed < 1.0:  # waits only for this step's own compute (never a collective: it comes later)
             self._timed = timer.collect(block=True)
             mine = [span for step, span in self._timed if step == self.batch.step]
             if mine:

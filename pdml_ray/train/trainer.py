@@ -138,6 +138,8 @@ class PDMLTrainer:
         from ray.train.torch import TorchTrainer
 
         pdml_config = dataclasses.replace(self.pdml_config, scheduler_name=self.scheduler_name())
+        if pdml_config.node_priority.emulation:  # said where the user looks, not only in the stats
+            print(f"pdml-ray ({pdml_config.scheduler_name}): {pdml_config.node_priority.emulation}", flush=True)
         scheduler = create_scheduler(pdml_config, self.num_workers)
         ray.get(scheduler.ping.remote())
         loop = self.loop

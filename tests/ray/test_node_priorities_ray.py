@@ -9,7 +9,6 @@ import pytest
 import ray
 import ray.train
 
-from pdml_ray.batching import balance_affine, predicted_step_s
 from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.train import PDMLTrainer
 
@@ -19,9 +18,12 @@ from loops import KILL_AT, STEPS, checking_loop
 @pytest.fixture(scope="module")
 def run(ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("node") / "out.json"
+    # sleep compute mode: a small real MLP for the gradients, plus an EMULATED 0.25 ms per sample / speed,
+    # so the right split is the speed ratio whatever else the machine runs
     config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=512, emulated_speeds=[1.0, 0.4],
+                                                         emulated_per_sample_s=2.5e-4,
                                                          decision_interval=4, warmup_steps=2))
-    result = PDMLTrainer(checking_loop, train_loop_config={"out": str(out)},
+    result = PDMLTrainer(checking_loop, train_loop_config={"out": str(out), "hidden": 128},
                          scaling_config=ray.train.ScalingConfig(num_workers=2),
                          run_config=ray.train.RunConfig(name="node-test", storage_path=str(out.parent)),
                          pdml_config=config).fit()
@@ -36,27 +38,14 @@ def test_weighted_gradient_equals_global_batch_gradient(run):
         assert check["max_abs_diff"] < 1e-5, check
 
 
-def test_shares_settle_near_the_optimum_of_the_measured_step_time_model(run):
+def test_shares_settle_at_the_emulated_speed_ratio(run):
     _, out = run
-    # Mean shares over the steps before the kill (decisions come every 4 steps from step ~8).
+    # Mean shares over the ten steps before the kill (decisions come every 4 steps from step ~8). In the
+    # sleep compute mode the compute is emulated as time per sample / speed, so the optimum is the speed
+    # ratio 1 : 0.4 (the small real MLP adds the same per-sample cost to both workers: ~2% towards equal).
     window = np.array(out["sizes"][KILL_AT - 10:KILL_AT + 1], dtype=float)
     shares = (window / window.sum(axis=1, keepdims=True)).mean(axis=0)
-    # They follow the scheduler's step-time model t_i(b) = c_i + b / r_i, as it stood one decision
-    # interval (4 steps) earlier, when it decided those shares (window_rates holds steps KILL_AT - 14 ..
-    # KILL_AT): its optimum balances the predicted step times. Per-step timings jitter on 2 vCPUs, so
-    # both sides are means over the window.
-    # The decisions are gated by the model's own noise, so the shares may rest a little off its
-    # optimum when moving would not measurably pay: judge them by what they cost, the predicted step
-    # time of the mean model over the window, against the optimum's.
-    c = np.mean([cr[0] for cr in out["window_rates"][:11]], axis=0)
-    r = np.mean([cr[1] for cr in out["window_rates"][:11]], axis=0)
-    optimum = balance_affine(c, r, 512, 1)
-    chosen = shares * 512
-    # (15%: on 2 vCPUs the rates drift between the decision and the window, under gloo threads beside compute)
-    assert predicted_step_s(chosen, r, c) <= 1.15 * predicted_step_s(optimum, r, c), (shares.tolist(), (optimum / 512).tolist())
-    # And the slow worker (emulated 0.4) ends well below an equal share and near its speed share or
-    # below (fixed per-step costs, slept in proportion too, rightly give it less; 2 vCPUs add contention).
-    assert shares[1] < shares[0] and shares[1] / shares[0] <= 0.44, shares.tolist()
+    assert abs(shares[1] / shares[0] / 0.4 - 1.0) <= 0.10, shares.tolist()
 
 
 def test_workers_run_exactly_the_decisions_the_scheduler_stamped(run):

@@ -17,6 +17,8 @@ from pdml_ray.errors import ConfigError
     (dict(prior={"H100": -1}), "prior\\['H100'\\]"),
     (dict(emulated_speeds=[1.0, 0.0]), "emulated_speeds\\[1\\]"),
     (dict(emulated_speeds=[2.0]), "fastest worker is 1.0"),
+    (dict(emulated_per_sample_s=0.0), "emulated_per_sample_s must be seconds per sample"),
+    (dict(emulated_per_sample_s=float("inf")), "emulated_per_sample_s must be seconds per sample"),
 ])
 def test_node_priority_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -67,3 +69,11 @@ def test_a_missing_global_batch_size_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match="global_batch_size is not set"):
         Scheduler(PDMLConfig(), 2)
     assert NodePriorityConfig(global_batch_size=64).batch == 64
+
+
+def test_the_config_says_what_it_emulates():
+    assert NodePriorityConfig(global_batch_size=8).emulation is None
+    assert NodePriorityConfig(emulated_speeds=[1.0, 0.4]).emulation == \
+        "EMULATED speeds 1,0.4 (measured compute scaled by 1/speed)"
+    text = NodePriorityConfig(emulated_speeds=[1.0, 0.4], emulated_per_sample_s=2.5e-4).emulation
+    assert text == "EMULATED compute: sleep 0.25 ms/sample / speed, speeds 1,0.4"

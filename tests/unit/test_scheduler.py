@@ -145,3 +145,16 @@ def test_the_client_over_an_in_process_transport_polls_bundles_and_reports():
     bundle = client.poll()
     assert bundle.get("node").effective_step == 5 and client.poll() is None
     assert client.call("stats").reports_received == 2
+
+
+def test_stats_say_what_the_run_emulates_in_the_summary_and_every_gauges_help_text():
+    from pdml_ray.config import NodePriorityConfig, PDMLConfig
+    from pdml_ray.scheduler import Scheduler
+
+    emulated = Scheduler(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8, emulated_speeds=[1.0, 0.5])), 2)
+    stats = emulated.stats()
+    assert stats.summary_lines()[0] == "EMULATED speeds 1,0.5 (measured compute scaled by 1/speed)"
+    assert all(g.description.endswith("[EMULATED speeds 1,0.5 (measured compute scaled by 1/speed)]")
+               for g in stats.gauges())
+    real = Scheduler(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8)), 2).stats()
+    assert real.emulation is None and not any("EMULATED" in g.description for g in real.gauges())

@@ -234,3 +234,22 @@ def test_the_context_reports_each_step_once_its_compute_time_arrives_a_step_late
     ctx.client = None
     ctx.flush()  # the end of training: collects the last step (done by now: nothing to wait for)
     assert not ctx._untimed and gpu.blocks == 0
+
+
+def test_the_sleep_compute_mode_sleeps_samples_times_the_time_per_sample_over_the_speed():
+    """Sleep compute mode: the step's compute is its (small) real work plus samples x per-sample / speed,
+    reported as compute."""
+    import numpy as np
+
+    from pdml_ray.config import NodePriorityConfig, PDMLConfig
+    from pdml_ray.train.context import PDMLContext, StepBatch
+
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8, emulated_speeds=[0.5],
+                                                         emulated_per_sample_s=5e-3))
+    ctx = PDMLContext(config, 0, 1, torch.device("cpu"), "CPU", None)
+    model = ctx.prepare_model(torch.nn.Linear(2, 1))
+    batch = StepBatch(step=0, epoch=0, indices=np.arange(8), grad_weight=1.0, decision_version=0)
+    with ctx.step(batch) as scope:
+        scope.loss(model(torch.ones(8, 2)).squeeze(1)).backward()
+    (report,) = ctx._reports  # the CPU clock: reported as soon as the block ends
+    assert 0.080 <= report.compute_s < 0.080 + 0.05  # 8 samples x 5 ms / 0.5, plus the tiny real step
