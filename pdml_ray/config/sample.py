@@ -24,9 +24,13 @@ class SamplePriorityConfig:
     stale_after: int = 100
     """Steps after which a score counts as stale and starts to decay."""
     is_exponent_start: float = 0.4
-    """Importance-weight exponent beta at step 0 (annealed linearly to 1.0)."""
+    """Importance-weight exponent beta at step 0 (annealed linearly to ``is_exponent_end``)."""
     is_anneal_steps: int = 1000
-    """Steps over which beta goes from is_exponent_start to 1.0 (unbiased)."""
+    """Steps over which beta goes from is_exponent_start to is_exponent_end (0 = is_exponent_end at once)."""
+    is_exponent_end: float = 1.0
+    """Importance-weight exponent beta after annealing. 1.0 (the default) makes the weighted loss an
+    unbiased estimate of the uniform mean loss; below 1 the sampler keeps part of its bias towards
+    high scores for good (0 with is_exponent_start 0: no correction at all, an ablation)."""
     replacement: bool = True
     """Draw a step's indices with replacement (exactly unbiased); False draws distinct indices."""
     unseen_score: Literal["max", "mean"] = "max"
@@ -51,5 +55,7 @@ class SamplePriorityConfig:
                  f"sample_priority.stale_after must be an integer >= 1 step, got {self.stale_after!r}")
         require(finite(self.is_exponent_start) and 0.0 <= self.is_exponent_start <= 1.0,
                  f"sample_priority.is_exponent_start must be in [0, 1], got {self.is_exponent_start!r}")
+        require(finite(self.is_exponent_end) and 0.0 <= self.is_exponent_end <= 1.0,
+                 f"sample_priority.is_exponent_end must be in [0, 1] (1.0 = unbiased), got {self.is_exponent_end!r}")
         require(isinstance(self.is_anneal_steps, int) and self.is_anneal_steps >= 0,
                  f"sample_priority.is_anneal_steps must be an integer >= 0, got {self.is_anneal_steps!r}")

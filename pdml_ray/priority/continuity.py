@@ -29,14 +29,15 @@ Two ways in. ``ContinuityMonitor.check(vector)`` measures a whole vector. For lo
 means over items and the subsample estimates them without bias in the numerator and denominator (a
 ratio estimate), but a peak of a few items is likely missed. ``ContinuityMonitor.check_sums`` judges
 from ``sum p`` and ``sum p^2`` that the owner has at hand (SamplePrioritizer: its sum-tree's total and
-one dot product of the leaves): exact at any N, peaks included; ties are then counted only when the
+one pass over the leaves, or a ``RunningSquares`` on a large table): exact at any N, peaks included; ties are then counted only when the
 ESS reads flat, and entropy, which needs a log of every item, is not reported (nan).
 
-Keeping ``sum p^2`` at hand. One pass over the leaves costs ~10 us at N = 20,000 but ~4-8 ms at N =
-10^7, several steps' worth of a small model's compute at the default ``check_interval``.
-``RunningSquares`` keeps the sum up to date as items change (O(B) per update: the old and new values
-of the changed items), so a check is O(1); it recomputes exactly (O(N)) only when the accumulated
-change could have cost precision, or after a non-finite sum.
+Keeping ``sum p^2`` at hand. One pass over the items costs ~10-90 us at N = 20,000 (hot to cold
+cache) but ~4-8 ms at N = 10^7, longer than a small model's whole step. ``RunningSquares`` keeps the
+sum up to date as items change (O(B) per update: the old and new values of the changed items), so a
+check is O(1); it recomputes exactly (O(N)) only when the accumulated change could have cost
+precision, or after a non-finite sum. SamplePrioritizer uses it on tables of at least
+``ContinuityConfig.running_sums_from`` items (below that, a pass per check is the cheaper one).
 
 Recalibration is data (``Recalibration``); the owner of the priorities carries it out, e.g. with
 ``recalibrate_priorities``.
@@ -122,16 +123,19 @@ class RunningSquares:
     def reset(self, values: np.ndarray) -> None:
         """Exact ``sum values^2`` (shape (N,)): O(N)."""
         v = np.asarray(values, dtype=np.float64)
-        with np.errstate(over="ignore"):
-            self.square = dot(v, v)
+        self.square = dot(v, v)  # einsum: an overflow is a silent inf
         self.churn = 0.0
         self.resets += 1
 
     def replace(self, old: np.ndarray, new: np.ndarray) -> None:
-        """Items with values ``old`` now hold ``new`` (same shape (B,), each item once)."""
-        with np.errstate(over="ignore", invalid="ignore"):
+        """Items with values ``old`` now hold ``new`` (float64, same shape (B,), each item once)."""
+        # np.vdot (BLAS, single-threaded below 10,000 items) is the cheapest call here and, like
+        # einsum, leaves an overflow as a silent inf, which ``value`` turns into a recomputation.
+        if new.size < 10_000:
+            added, removed = float(np.vdot(new, new)), float(np.vdot(old, old))
+        else:
             added, removed = dot(new, new), dot(old, old)
-            self.square += added - removed
+        self.square += added - removed
         self.churn += added + removed
 
     @property
@@ -218,7 +222,7 @@ class ContinuityMonitor:
     def check_sums(self, num_items: int, total: float, square: float, step: int,
                    tie_items: Callable[[], np.ndarray]) -> ContinuityVerdict:
         """Judge from ``sum p`` and ``sum p^2`` over ``num_items`` items, for owners that have those sums
-        cheaply (SamplePrioritizer: the sum-tree's root and one dot product of its leaves).
+        cheaply (SamplePrioritizer: the sum-tree's root and one pass over its leaves or a running sum).
 
         Exact for any N, peaks included (a random subsample would miss a peak of a few items). The tie
         fraction only decides between healthy and flat when the ESS already reads flat, so only then is

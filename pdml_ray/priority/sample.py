@@ -7,7 +7,8 @@ Sampling distribution over the N samples of the data set::
 with s_i the sample's score (its last loss, or an EMA of its losses), alpha the temperature
 (``SamplePriorityConfig.exponent``) and ``mix`` the uniform floor (raised for a while after a
 continuity collapse). Importance weights ``w_i = (N p_i)^(-beta)`` are divided by their maximum over
-the step; beta anneals linearly from ``is_exponent_start`` to 1 over ``is_anneal_steps``.
+the step; beta anneals linearly from ``is_exponent_start`` to ``is_exponent_end`` (default 1) over
+``is_anneal_steps``.
 
 Unbiasedness. With replacement (the default) the draws are i.i.d. from p, so with beta = 1
 ``mean_j f(x_j) / (N p(x_j))`` is an exactly unbiased estimate of ``mean_i f(i)`` for any per-sample
@@ -35,8 +36,12 @@ permutation path is used instead.
 
 Continuity. Every ``continuity.check_interval`` steps the priority part of the distribution
 (s^alpha over the seen samples; the uniform floor is ours and would mask a collapse of the scores)
-goes through ``ContinuityMonitor.check_sums``: the tree's total and one dot product of its leaves
-give the exact normalised ESS (peaks included, at any N). On a collapse the scores are perturbed and
+goes through ``ContinuityMonitor.check_sums``: the tree's total and the sum of squares of its leaves
+give the exact normalised ESS, peaks included, at any N. The sum of squares is one pass over the
+leaves per check (O(N); ~70 us at N = 20,000 between training steps), or, for tables of at least
+``continuity.running_sums_from`` items, a running sum kept up to date with every tree write
+(``RunningSquares``: O(B) per update, O(1) per check; a pass costs 4-8 ms at N = 10^7). Its
+bookkeeping counts as continuity cost (``continuity_seconds``, ``continuity_update_seconds``). On a collapse the scores are perturbed and
 pulled towards their median (O(N), only on a collapse), and the uniform mix is raised for
 ``recalibration_steps`` steps.
 A collapse seen again while that raised mix holds is counted but not acted on twice.
@@ -63,7 +68,8 @@ from pdml_ray.config import ContinuityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.decisions import Boundary, Decision, NodeDecision, SampleDecision, SamplePlan, WorkerReport
 from pdml_ray.errors import ConfigError, PlanError, ReportError, StateError
 from pdml_ray.priority.base import Deriver, GaugeValue
-from pdml_ray.priority.continuity import ContinuityMonitor, ContinuityVerdict, dot, recalibrate_priorities
+from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, RunningSquares, dot,
+                                          recalibrate_priorities)
 from pdml_ray.priority.estimators import EMA
 from pdml_ray.priority.sumtree import SumTree
 
@@ -91,7 +97,10 @@ class SampleStats:
     """Samples drawn / N: under priority sampling an epoch is N draws."""
     uniform_fallbacks: int
     continuity_seconds: float
+    """Wall time of continuity checks and of keeping their running sum up to date (s)."""
     recalibration_seconds: float
+    continuity_update_seconds: float = 0.0
+    """The part of continuity_seconds spent keeping the running sum of squares up to date (s)."""
 
     def summary_lines(self) -> list[str]:
         return [f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
@@ -119,7 +128,7 @@ class SamplePrioritizer:
         self.monitor = ContinuityMonitor(continuity, seed=seed + 1, name="sample priorities") if continuity else None
         self.rng = np.random.default_rng(seed)
         # (N,) per-sample scores, valid where seen: the newest loss, or an EMA of the losses
-        self._scores = EMA(n, self.config.score_ema if self.config.score == "loss_ema" else 1.0, prior=0.0)
+        self._scores = EMA(n, self.config.score_ema if self.config.score == "loss_ema" else 1.0, prior=0.0)  # 0 unseen
         self.last_step = np.zeros(n, dtype=np.int64)          # (N,) step of the last loss for the sample
         self.tree = SumTree(n, 0.0)                           # s^alpha of seen samples, 0 for unseen
         self._unseen_list = np.arange(n, dtype=np.int64)      # superset of the unseen samples
@@ -136,10 +145,16 @@ class SamplePrioritizer:
         self.samples_drawn = 0
         self.recalibrations = 0
         self.uniform_fallbacks = 0
-        self.check_seconds = 0.0                              # wall time of continuity checks (s)
+        self.check_seconds = 0.0                              # wall time of continuity checks + bookkeeping (s)
+        self.squares_seconds = 0.0                            # the bookkeeping part of check_seconds (s)
+        # Running sum of squared tree leaves for the check's ESS, on large tables only (None: a pass per check)
+        self.squares: RunningSquares | None = None
+        if self.monitor is not None and n >= self.monitor.config.running_sums_from:
+            self.squares = RunningSquares()
+            self.squares.reset(np.zeros(0))                   # the tree starts all zero
         self.recalibration_seconds = 0.0                      # wall time of recalibrations (s), O(N) each
         self._last_mix = self.config.uniform_mix
-        self._last_beta = self.config.is_exponent_start
+        self._last_beta = self.beta(0)
 
     @property
     def scores(self) -> np.ndarray:
@@ -169,10 +184,12 @@ class SamplePrioritizer:
         return max(self.config.uniform_mix, self.recal_mix) if step < self.recal_until else self.config.uniform_mix
 
     def beta(self, step: int) -> float:
+        """Importance-weight exponent at ``step``: linear from is_exponent_start to is_exponent_end."""
         c = self.config
         if c.is_anneal_steps == 0:
-            return 1.0
-        return c.is_exponent_start + (1.0 - c.is_exponent_start) * min(1.0, max(step, 0) / c.is_anneal_steps)
+            return c.is_exponent_end
+        frac = min(1.0, max(step, 0) / c.is_anneal_steps)
+        return c.is_exponent_end if frac >= 1.0 else c.is_exponent_start + (c.is_exponent_end - c.is_exponent_start) * frac
 
     def _mass(self) -> tuple[float, float]:
         """(tree mass, unseen-group mass): sum of s^alpha over seen samples, U * M^alpha."""
@@ -304,7 +321,9 @@ class SamplePrioritizer:
             self.last_step[uniq] = step
             self.unseen_count -= int(np.count_nonzero(~was_seen))
             self.max_score = max(self.max_score, float(new.max()))
-            self.tree.update(uniq, self._weight(new), unique=True)
+            # The leaves before the write are s^alpha of the seen, 0 of the unseen (whose scores are 0):
+            # for alpha = 1 they are ``old``, at hand (no second gather from a table beyond the cache).
+            self._set_weights(uniq, self._weight(new), old if self.config.exponent == 1.0 else None)
             if self.unseen_count and self.unseen_count * 2 < self._unseen_list.size:
                 self._unseen_list = self._unseen_list[~self.seen[self._unseen_list]]
         if self.config.staleness_decay > 0:
@@ -341,7 +360,25 @@ class SamplePrioritizer:
         new = mean + (old - mean) * factor
         self.seen_sum += float(new.sum() - old.sum())
         self.scores[idx] = new
-        self.tree.update(idx, self._weight(new), unique=True)
+        self._set_weights(idx, self._weight(new), old if self.config.exponent == 1.0 else None)
+
+    def _set_weights(self, indices: np.ndarray, weights: np.ndarray, old: np.ndarray | None = None) -> None:
+        """Write s^alpha of distinct ``indices`` into the tree, keeping the running sum of squares (the
+        continuity check's) up to date: O(B), timed as continuity cost. ``old``: the leaves' values
+        before the write if the caller has them (else they are read from the tree)."""
+        if self.squares is not None:
+            t0 = time.perf_counter()
+            self.squares.replace(self.tree.levels[-1][indices] if old is None else old, weights)
+            dt = time.perf_counter() - t0
+            self.squares_seconds += dt
+            self.check_seconds += dt
+        self.tree.update(indices, weights, unique=True)
+
+    def _set_all_weights(self, weights: np.ndarray) -> None:
+        """Replace every leaf (O(N), recalibration and restore only) and recompute the sum of squares."""
+        self.tree.set_all(weights)
+        if self.squares is not None:
+            self.squares.reset(self.tree.leaves)
 
     # ------------------------------------------------------------------ continuity
     def check(self, step: int) -> ContinuityVerdict | None:
@@ -351,13 +388,12 @@ class SamplePrioritizer:
         seen = self.num_samples - self.unseen_count
         if seen < 16:  # too little feedback yet to judge a distribution
             return None
-        # Sums over the tree's leaves (0 for unseen samples) are sums over the seen: the total is the
-        # tree's root; the sum of squares is one pass over contiguous memory (~30 us at N = 20k between
-        # training steps), exact and without the O(B) bookkeeping per update that a running sum needs.
-        leaves, total = self.tree.leaves, self.tree.total
-        if total > 1e150:  # sum p^2 <= (sum p)^2 could overflow; the ESS does not change with the scale
-            leaves, total = leaves / total, 1.0
-        verdict = self.monitor.check_sums(seen, total, dot(leaves, leaves), step, self._tie_items)
+        # Sums over the tree's leaves (0 for unseen samples) are sums over the seen.
+        total, square = self.tree.total, self.leaf_square_sum()
+        if square is None:  # huge scores: the ESS does not change with the scale
+            leaves = self.tree.leaves / total
+            total, square = 1.0, dot(leaves, leaves)
+        verdict = self.monitor.check_sums(seen, total, square, step, self._tie_items)
         # While a recalibration is held, a repeated detection is counted but not acted on again: the
         # scores need fresh losses to recover, and stacking noise would only randomise them.
         if verdict.recalibration is not None and step >= self.recal_until:
@@ -365,6 +401,21 @@ class SamplePrioritizer:
             self._recalibrate(verdict)
             self.recalibration_seconds += time.perf_counter() - t0
         return verdict
+
+    def leaf_square_sum(self) -> float | None:
+        """sum of the squared tree leaves (s^alpha of the seen samples), as the continuity check reads
+        it: one pass over the leaves, or on a table of at least ``continuity.running_sums_from`` items
+        the running sum (recomputed exactly when its accumulated change could have cost precision).
+        None when the scores are so large (total > 1e150) that the square could overflow."""
+        if self.tree.total > 1e150:
+            return None
+        if self.squares is None:
+            return dot(self.tree.leaves, self.tree.leaves)
+        square = self.squares.value
+        if square is None:
+            self.squares.reset(self.tree.leaves)  # O(N), rare
+            square = self.squares.value
+        return square
 
     def _tie_items(self) -> np.ndarray:
         """s^alpha of about 2,048 seen samples at random (the tie count needs no more); all if few are seen."""
@@ -383,7 +434,7 @@ class SamplePrioritizer:
         self.max_score = float(new.max()) if new.size else 0.0
         weights = np.zeros(self.num_samples)
         weights[seen] = self._weight(new)
-        self.tree.set_all(weights)  # O(N), only on a collapse
+        self._set_all_weights(weights)  # O(N), only on a collapse
         self.recal_mix, self.recal_until = recal.uniform_mix, recal.until_step
         self.recalibrations += 1
 
@@ -398,7 +449,7 @@ class SamplePrioritizer:
             continuity_checks=mon.checks if mon else 0, uniform_mix=float(self._last_mix), beta=float(self._last_beta),
             seen_fraction=1.0 - self.unseen_count / self.num_samples, epoch=self.samples_drawn / self.num_samples,
             uniform_fallbacks=self.uniform_fallbacks, continuity_seconds=self.check_seconds,
-            recalibration_seconds=self.recalibration_seconds)
+            recalibration_seconds=self.recalibration_seconds, continuity_update_seconds=self.squares_seconds)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -422,6 +473,7 @@ class SamplePrioritizer:
             raise StateError(f"checkpoint has a table of {d['num_samples']} samples, this data set has "
                              f"{self.num_samples}; sample priorities only resume on the same data set")
         self._scores.load_state_dict({"values": d["scores"], "measured": d["seen"]})
+        self.scores[~self.seen] = 0.0  # as in a fresh table: the running sum of squares relies on it
         self.last_step = np.array(d["last_step"], dtype=np.int64)
         self.max_score, self.recal_mix, self.recal_until = float(d["max_score"]), float(d["recal_mix"]), int(d["recal_until"])
         self._cursor, self._last_sweep_step = int(d["cursor"]), d["last_sweep_step"]
@@ -431,7 +483,7 @@ class SamplePrioritizer:
         self._unseen_list = np.flatnonzero(~self.seen).astype(np.int64)
         self.unseen_count = int(self._unseen_list.size)
         self.seen_sum = float(self.scores[self.seen].sum())
-        self.tree.set_all(np.where(self.seen, self._weight(self.scores), 0.0))
+        self._set_all_weights(np.where(self.seen, self._weight(self.scores), 0.0))
         if self.monitor is not None and "monitor" in d:
             m = d["monitor"]
             self.monitor.checks, self.monitor.collapsed_flat = int(m["checks"]), int(m["collapsed_flat"])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from pdml_ray.config import ContinuityConfig
-from pdml_ray.priority.continuity import ContinuityMonitor, Recalibration, measure, recalibrate_priorities
+from pdml_ray.priority.continuity import (ContinuityMonitor, Recalibration, RunningSquares, measure,
+                                          recalibrate_priorities)
 
 
 def test_measures_of_known_vectors():
@@ -206,3 +207,43 @@ def test_a_rare_class_holding_a_large_tables_mass_is_not_a_collapse():
     assert _sums_check(ContinuityMonitor(ContinuityConfig(min_effective_items=math.inf)), losses, 2).collapse == "peaked"
     with pytest.raises(ValueError, match="min_effective_items must be >= 0"):
         ContinuityConfig(min_effective_items=-1)
+
+
+# ---------------------------------------------------------------- running sum of squares
+
+
+def test_running_squares_equal_the_full_sum_through_updates():
+    rng = np.random.default_rng(11)
+    p = rng.exponential(size=5000)
+    running = RunningSquares()
+    assert running.value is None  # no exact sum yet
+    running.reset(p)
+    for _ in range(300):
+        idx = np.unique(rng.integers(0, p.size, size=200))
+        new = rng.exponential(size=idx.size) * rng.choice([0.0, 1.0, 30.0], size=idx.size)
+        running.replace(p[idx], new)
+        p[idx] = new
+        assert running.value == pytest.approx(float(p @ p), rel=1e-11)
+    assert running.resets == 1  # healthy churn never forced a recomputation
+
+
+def test_running_squares_ask_for_a_recomputation_after_a_peak_came_and_went():
+    rng = np.random.default_rng(12)
+    p = rng.uniform(1.0, 2.0, size=1000)
+    running = RunningSquares()
+    running.reset(p)
+    old = p[:3].copy()
+    running.replace(old, np.full(3, 1e9))   # a peak of 3e18 in the sum
+    running.replace(np.full(3, 1e9), old)   # and gone again: the running sum lost its low digits
+    assert abs(running.square - float(p @ p)) > 1e-6 * float(p @ p)  # what a plain running sum would report
+    assert running.value is None           # so it asks for the exact sum instead
+    running.reset(p)
+    assert running.value == pytest.approx(float(p @ p), rel=1e-15) and running.resets == 2
+    running.replace(p[:1], np.array([1e200]))  # the square overflows
+    assert running.value is None
+
+
+def test_running_sums_threshold_is_validated():
+    assert ContinuityConfig().running_sums_from == 1 << 20 and ContinuityConfig().check_interval == 50
+    with pytest.raises(ValueError, match="running_sums_from must be an integer >= 0"):
+        ContinuityConfig(running_sums_from=-1)

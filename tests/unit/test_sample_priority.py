@@ -227,14 +227,15 @@ def test_check_survives_huge_scores():
 def test_state_dict_round_trip():
     n = 500
     cfg = SamplePriorityConfig(staleness_decay=0.1, stale_after=5)
-    a = SamplePrioritizer(n, cfg, ContinuityConfig(), seed=7)
+    cont = ContinuityConfig(check_interval=10)  # a check in steps 30-39 on both (the last verdict is not state)
+    a = SamplePrioritizer(n, cfg, cont, seed=7)
     rng = np.random.default_rng(4)
     for step in range(30):
         idx = np.concatenate(a.plan(step, [20, 12]).indices)
         a.update(idx, rng.exponential(size=idx.size), step)
     state = a.state_dict()
     assert all(isinstance(v, (np.ndarray, int, float, dict, type(None))) for v in state.values())
-    b = SamplePrioritizer(n, cfg, ContinuityConfig(), seed=123)
+    b = SamplePrioritizer(n, cfg, cont, seed=123)
     b.load_state_dict(state)
     losses = rng.exponential(size=32)
     for step in range(30, 40):
@@ -284,3 +285,99 @@ def test_plans_for_an_interval_come_from_one_draw_with_per_step_beta():
     assert 0.2 < np.mean(drawn < 10) < 0.5  # 500 / 1490 = 0.34 expected
     with pytest.raises(ValueError, match="num_steps"):
         sp.plans(0, 0, [4])
+
+
+# ---------------------------------------------------------------- running sums, exponents, label-aware baseline
+
+
+@pytest.mark.parametrize("exponent", [1.0, 2.0])
+def test_running_sum_of_squares_equals_the_recomputation(exponent):
+    """Through updates, staleness decay, a recalibration and a restore, the running sum of squared
+    leaves that the continuity check reads equals one pass over the leaves."""
+    n = 3000
+    cfg = SamplePriorityConfig(exponent=exponent, staleness_decay=0.2, stale_after=5)
+    cont = ContinuityConfig(check_interval=10, running_sums_from=0)  # running sums at any size
+    sp = SamplePrioritizer(n, cfg, cont, seed=0)
+    rng = np.random.default_rng(5)
+
+    def exact():
+        leaves = sp.tree.leaves
+        return float(leaves @ leaves)
+
+    for step in range(120):
+        idx = np.concatenate(sp.plan(step, [64, 32]).indices)
+        losses = rng.exponential(size=idx.size)
+        if 60 <= step < 75:  # one sample takes over: a peaked collapse and a recalibration
+            idx, losses = np.append(idx, 0), np.append(losses, 1e6 * (step - 59))
+        sp.update(idx, losses, step)
+        running = sp.squares.value  # None: too much churn since the last exact sum, recomputed on read
+        assert running is None or running == pytest.approx(exact(), rel=1e-9), step
+        assert sp.leaf_square_sum() == pytest.approx(exact(), rel=1e-9), step
+    # one exact sum at the start, one per recalibration, one after the peak left (churn): not per update
+    assert 1 <= sp.recalibrations and sp.squares.resets <= 2 + 2 * sp.recalibrations
+    restored = SamplePrioritizer(n, cfg, cont, seed=1)
+    restored.load_state_dict(sp.state_dict())
+    assert restored.squares.value == pytest.approx(exact(), rel=1e-12)
+
+
+def test_checks_from_running_sums_and_from_a_pass_agree():
+    n = 4000
+    runs = {}
+    for name, threshold in (("running", 0), ("pass", 1 << 30)):
+        sp = SamplePrioritizer(n, SamplePriorityConfig(), ContinuityConfig(check_interval=10, running_sums_from=threshold),
+                               seed=3)
+        rng = np.random.default_rng(3)
+        verdicts = []
+        for step in range(150):
+            idx = np.concatenate(sp.plan(step, [128]).indices)
+            losses = rng.exponential(size=idx.size)
+            if step >= 100:
+                losses[:2] *= 1e4  # a peak builds up
+            v = sp.update(idx, losses, step)
+            if v is not None:
+                verdicts.append((v.step, v.collapse, v.measures.normalized_ess))
+        runs[name] = (sp.squares is not None, verdicts)
+    assert runs["running"][0] and not runs["pass"][0]
+    a, b = runs["running"][1], runs["pass"][1]
+    assert [v[:2] for v in a] == [v[:2] for v in b] and any(v[1] == "peaked" for v in a)
+    np.testing.assert_allclose([v[2] for v in a], [v[2] for v in b], rtol=1e-9)
+
+
+def test_importance_exponent_held_at_one_or_at_zero():
+    n = 200
+    scores = np.random.default_rng(2).exponential(size=n)
+    # held at 1 from step 0: w = (N p)^-1 / max, fully unbiased from the first step
+    sp = _seeded(n, scores, is_exponent_start=1.0, is_exponent_end=1.0)
+    assert sp.beta(0) == 1.0 and sp.beta(500) == 1.0
+    plan = sp.plan(1, [64])
+    inv = 1.0 / (n * sp.probabilities(plan.indices[0], 1))
+    np.testing.assert_allclose(plan.weights[0], inv / inv.max(), rtol=1e-5)
+    assert sp.stats().beta == 1.0
+    # no correction: beta 0 at every step, every weight 1 (the sampler's bias stays in the loss)
+    sp = _seeded(n, scores, is_exponent_start=0.0, is_exponent_end=0.0)
+    for step in (0, 500, 5000):
+        assert sp.beta(step) == 0.0
+        assert np.all(np.concatenate(sp.plan(step, [64]).weights) == 1.0)
+    # annealing to an end below 1, and at once when is_anneal_steps is 0
+    sp = SamplePrioritizer(10, SamplePriorityConfig(is_exponent_start=0.2, is_exponent_end=0.6, is_anneal_steps=100))
+    assert sp.beta(50) == pytest.approx(0.4) and sp.beta(100) == 0.6 and sp.beta(10**6) == 0.6
+    assert SamplePrioritizer(10, SamplePriorityConfig(is_anneal_steps=0, is_exponent_end=0.3)).beta(0) == 0.3
+    with pytest.raises(ValueError, match="is_exponent_end must be in \\[0, 1\\] \\(1.0 = unbiased\\)"):
+        SamplePriorityConfig(is_exponent_end=1.5)
+
+
+def test_label_balanced_baseline_draws_each_class_equally_often_and_uniformly_within():
+    from pdml_ray.bench.sampling import class_balanced_draw
+
+    labels = np.zeros(2000, dtype=int)
+    labels[::200] = 1  # 10 minority samples among 2,000
+    classes = [np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)]
+    rng = np.random.default_rng(0)
+    draws = np.concatenate([class_balanced_draw(rng, classes, 128) for _ in range(400)])  # 51,200 draws
+    minority = labels[draws].mean()
+    assert abs(minority - 0.5) < 4 * 0.5 / np.sqrt(draws.size)  # balanced (4 sigma); uniform would give 0.005
+    counts = np.bincount(draws[labels[draws] == 1], minlength=2000)[classes[1]]
+    expected = counts.sum() / classes[1].size
+    assert ((counts - expected) ** 2 / expected).sum() < 27.88  # 99.9% quantile, 9 degrees of freedom
+    majority = np.bincount(draws[labels[draws] == 0], minlength=2000)[classes[0]]
+    assert majority.min() > 0 and abs(majority.mean() - (draws.size - counts.sum()) / classes[0].size) < 1e-9
