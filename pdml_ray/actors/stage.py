@@ -29,7 +29,7 @@ def launch_stage(stage: int, replica: int, num_stages: int, module: nn.Module, *
                  num_cpus: float = DEFAULT_STAGE_NUM_CPUS, num_threads: int = 1,
                  **worker_kwargs: Any) -> Any:
     """Start one stage actor (returns its handle); ``worker_kwargs`` go to ``StageWorker`` (loss_fn, lr,
-    optimizer, speed)."""
+    optimizer, speed, compute, per_sample_s)."""
     options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0}
     if name_prefix is not None:
         options["name"] = stage_actor_name(name_prefix, stage, replica)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
@@ -12,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
+
+from pdml_ray.errors import UsageError
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,14 +26,16 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit with status 1 when a target is missed (without it the exit status is 0)")
 
 
-def add_compute_argument(parser: argparse.ArgumentParser, per_sample_ms: float = 0.5) -> None:
+def add_compute_argument(parser: argparse.ArgumentParser, per_sample_ms: float = 0.5, default: str = "real",
+                         help_text: str | None = None) -> None:
     """``--compute real|sleep`` and ``--per-sample-ms``, for benchmarks that can emulate compute time."""
     from pdml_ray.emulation import COMPUTE_MODES
 
-    parser.add_argument("--compute", choices=COMPUTE_MODES, default="real",
-                        help="real: the workload's own compute (default); sleep: a small real forward/backward "
-                             "plus an EMULATED sleep of samples x per-sample time / speed, so CPU contention "
-                             "does not decide the result")
+    parser.add_argument("--compute", choices=COMPUTE_MODES, default=default,
+                        help=help_text or (
+                            f"real: the workload's own compute; sleep: a small real forward/backward plus an "
+                            f"EMULATED sleep of samples x per-sample time / speed, so CPU contention does not "
+                            f"decide the result (default {default})"))
     parser.add_argument("--per-sample-ms", type=float, default=per_sample_ms,
                         help=f"emulated compute per sample at speed 1 with --compute sleep (default {per_sample_ms})")
 
@@ -108,6 +113,32 @@ def _jsonable(x: Any) -> Any:
     except ImportError:
         pass
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def ratio_key(method: str, baseline: str) -> str:
+    """JSON key of a ratio, e.g. ``osprey_over_1f1b_weighted``."""
+    return f"{method}_over_{baseline}".replace("-", "_")
+
+
+def paired_ratio_stats(baseline_s: Sequence[float], method_s: Sequence[float]) -> dict[str, Any]:
+    """Paired statistics of per-round step times (seconds): round i ran both, ``method_s[i] / baseline_s[i]``.
+
+    A ratio below 1 is a round the method won. ``sign_test_p`` is the two-sided sign test's p-value
+    (ties left out): how likely so lopsided a split of won rounds is when neither side is faster.
+    """
+    if len(baseline_s) != len(method_s) or not baseline_s:
+        raise UsageError(f"paired statistics need the same number (>= 1) of rounds on both sides, got "
+                         f"{len(baseline_s)} and {len(method_s)}")
+    ratios = [m / b for b, m in zip(baseline_s, method_s)]
+    wins, losses = sum(r < 1.0 for r in ratios), sum(r > 1.0 for r in ratios)
+    n = wins + losses
+    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1)) / 2 ** n if n else 1.0
+    return {"rounds": len(ratios), "median_ratio": float(statistics.median(ratios)),
+            "min_ratio": min(ratios), "max_ratio": max(ratios),
+            "rounds_method_faster": wins, "rounds_baseline_faster": losses, "rounds_tied": len(ratios) - n,
+            "sign_test_p": min(1.0, 2 * tail),
+            "ratio_of_medians": float(statistics.median(method_s) / statistics.median(baseline_s)),
+            "ratios": ratios}
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:

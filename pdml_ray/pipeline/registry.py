@@ -18,12 +18,13 @@ if TYPE_CHECKING:
 SCHEDULERS: dict[str, str] = {
     "gpipe": "pdml_ray.pipeline.static:GPipeScheduler",
     "1f1b": "pdml_ray.pipeline.static:OneFOneBScheduler",
+    "1f1b-weighted": "pdml_ray.pipeline.static:WeightedOneFOneBScheduler",
     "critical-path": "pdml_ray.pipeline.static:CriticalPathScheduler",
     "osprey": "pdml_ray.pipeline.osprey:OspreyScheduler",
     "auto": "pdml_ray.pipeline.auto:AutoScheduler",
 }
 
-STATIC_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "critical-path")
+STATIC_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "1f1b-weighted", "critical-path")
 """Schedules whose plan is fixed before the step and run strictly in order (osprey's warm start and
 auto's static side are chosen from these)."""
 

@@ -8,7 +8,11 @@ backward. Parameter gradients accumulate across micro-batches in ``param.grad`` 
 step, so every replica of a stage applies the identical update and the replicas stay identical.
 
 Every call returns its result together with a ``CallTiming``: measured compute seconds, plus the
-seconds slept to EMULATE a slower device (``pdml_ray.emulation``, speed factor ``speed``).
+seconds slept to EMULATE a slower device (``pdml_ray.emulation``, speed factor ``speed``). Two
+compute modes (``pdml_ray.emulation.COMPUTE_MODES``): ``real`` sleeps (1/speed - 1) x the measured
+compute; ``sleep`` runs the real (small) computation for the gradients and then sleeps
+samples x ``per_sample_s`` / speed for a forward and ``BACKWARD_SLEEP_FACTOR`` times that for a
+backward, so that many actors on a few cores still show each replica's speed exactly.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from pdml_ray.emulation import check_speed, emulate_speed
-from pdml_ray.errors import PlanError, StateError
+from pdml_ray.emulation import COMPUTE_MODES, check_speed, emulate_speed, sleep_compute
+from pdml_ray.errors import ConfigError, PlanError, StateError
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+BACKWARD_SLEEP_FACTOR = 2.0
+"""In the sleep compute mode a backward sleeps this many times a forward's time (backward ~ 2x forward)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +56,11 @@ class StageWorker:
     def __init__(self, stage: int, replica: int, num_stages: int, module: nn.Module, *,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, lr: float = 0.1,
                  optimizer: OptimizerFactory | None = None, speed: float = 1.0,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, compute: str = "real", per_sample_s: float = 0.0) -> None:
+        if compute not in COMPUTE_MODES:
+            raise ConfigError(f"compute must be one of {list(COMPUTE_MODES)}, got {compute!r}")
+        if compute == "sleep" and not (isinstance(per_sample_s, (int, float)) and 0.0 < per_sample_s < float("inf")):
+            raise ConfigError(f"compute='sleep' needs per_sample_s > 0 seconds (e.g. 0.0005), got {per_sample_s!r}")
         if not 0 <= stage < num_stages:
             raise PlanError(f"stage {stage} out of range for {num_stages} stages")
         if stage == num_stages - 1 and loss_fn is None:
@@ -64,8 +75,9 @@ class StageWorker:
         self.optimizer = self._optimizer_factory(self.module.parameters())
         self.speed = 1.0
         self.set_speed(speed)
-        # microbatch -> (input leaf or None on stage 0, output or scaled loss on the last stage)
-        self._saved: dict[int, tuple[Tensor | None, Tensor]] = {}
+        self.compute, self.per_sample_s = compute, float(per_sample_s)
+        # microbatch -> (input leaf or None on stage 0, output or scaled loss on the last stage, samples)
+        self._saved: dict[int, tuple[Tensor | None, Tensor, int]] = {}
 
     @property
     def is_last(self) -> bool:
@@ -95,6 +107,7 @@ class StageWorker:
             raise PlanError(f"stage {self.stage} replica {self.replica}: forward of micro-batch {microbatch} "
                             "ran twice without its backward")
         start = time.perf_counter()
+        samples = int(x.shape[0])
         x_in: Tensor | None = None
         if self.stage > 0:
             # A leaf that requires grad: backward fills x_in.grad, the gradient sent to stage - 1.
@@ -107,13 +120,13 @@ class StageWorker:
             if target is None or self.loss_fn is None:
                 raise PlanError(f"last stage forward of micro-batch {microbatch} needs its targets and a loss_fn")
             scaled = self.loss_fn(out, target) * loss_scale
-            self._saved[microbatch] = (x_in, scaled)
+            self._saved[microbatch] = (x_in, scaled, samples)
             result, loss = None, float(scaled.detach())
         else:
-            self._saved[microbatch] = (x_in, out)
+            self._saved[microbatch] = (x_in, out, samples)
             result = out.detach()
         compute_s = time.perf_counter() - start
-        return result, CallTiming(compute_s, emulate_speed(compute_s, self.speed), loss)
+        return result, CallTiming(compute_s, self._slow_down(compute_s, samples, 1.0), loss)
 
     def backward(self, microbatch: int, grad_output: Tensor | None = None) -> tuple[Tensor | None, CallTiming]:
         """Backpropagate micro-batch ``microbatch``; parameter gradients accumulate.
@@ -125,7 +138,7 @@ class StageWorker:
             raise PlanError(f"stage {self.stage} replica {self.replica}: backward of micro-batch {microbatch} "
                             "without its forward on this replica (a backward must run where its forward ran)")
         start = time.perf_counter()
-        x_in, out = self._saved.pop(microbatch)
+        x_in, out, samples = self._saved.pop(microbatch)
         if self.is_last:
             out.backward()
         else:
@@ -134,7 +147,13 @@ class StageWorker:
             out.backward(grad_output)
         grad_input = x_in.grad if x_in is not None else None
         compute_s = time.perf_counter() - start
-        return grad_input, CallTiming(compute_s, emulate_speed(compute_s, self.speed))
+        return grad_input, CallTiming(compute_s, self._slow_down(compute_s, samples, BACKWARD_SLEEP_FACTOR))
+
+    def _slow_down(self, compute_s: float, samples: int, factor: float) -> float:
+        """Sleep to emulate this replica's speed (mode ``compute``); returns the seconds slept."""
+        if self.compute == "sleep":
+            return sleep_compute(samples, factor * self.per_sample_s, self.speed)
+        return emulate_speed(compute_s, self.speed)
 
     # -- one global step --------------------------------------------------------------------------
 

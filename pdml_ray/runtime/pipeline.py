@@ -11,6 +11,9 @@ and steps, so the replicas stay identical and the update equals one step of the 
 global batch.
 
 Speeds below 1.0 are EMULATED (``pdml_ray.emulation``): the replica sleeps after real compute.
+With ``compute="sleep"`` the compute time itself is EMULATED: each action runs the real (small)
+forward/backward and then sleeps samples x ``per_sample_s`` / speed (twice that for a backward), so
+that many stage actors on a few cores still run at their configured speeds.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from pdml_ray.actors.stage import DEFAULT_STAGE_NUM_CPUS, launch_stage
-from pdml_ray.emulation import EMULATION_NOTE, check_speed
+from pdml_ray.emulation import COMPUTE_MODES, EMULATION_NOTE, SLEEP_COMPUTE_NOTE, check_speed
 from pdml_ray.errors import ConfigError, PlanError, StateError, UsageError
 from pdml_ray.pipeline.dispatch import Dispatcher
 from pdml_ray.pipeline.partition import split_sequential
@@ -60,9 +63,16 @@ class PipelineRuntime:
                  replicas_per_stage: int | Sequence[int], loss_fn: Callable[[Tensor, Tensor], Tensor],
                  lr: float = 0.1, speeds: Speeds | None = None, *, cuts: Sequence[int] | None = None,
                  optimizer: Callable[..., torch.optim.Optimizer] | None = None,
-                 num_cpus_per_actor: float = DEFAULT_STAGE_NUM_CPUS, name_prefix: str | None = None) -> None:
+                 num_cpus_per_actor: float = DEFAULT_STAGE_NUM_CPUS, name_prefix: str | None = None,
+                 compute: str = "real", per_sample_s: float = 0.0) -> None:
         if not ray.is_initialized():
             raise UsageError("PipelineRuntime needs a running Ray cluster: call ray.init() first")
+        if compute not in COMPUTE_MODES:
+            raise ConfigError(f"compute must be one of {list(COMPUTE_MODES)}, got {compute!r}")
+        if compute == "sleep" and not 0.0 < per_sample_s < float("inf"):
+            raise ConfigError(f"compute='sleep' needs per_sample_s > 0 seconds per sample (e.g. 0.0005), "
+                              f"got {per_sample_s!r}")
+        self.compute, self.per_sample_s = compute, float(per_sample_s)
         self.num_stages = num_stages
         self.replicas: tuple[int, ...] = ((int(replicas_per_stage),) * num_stages
                                           if isinstance(replicas_per_stage, int)
@@ -82,17 +92,20 @@ class PipelineRuntime:
         # actors[k][r]: replica r of stage k. Ray pickles the module per call: each actor owns a copy.
         self._actors = [[launch_stage(k, r, num_stages, stages[k], loss_fn=loss_fn if k == num_stages - 1 else None,
                                       lr=lr, optimizer=optimizer, speed=self.speeds[(k, r)],
-                                      num_cpus=num_cpus_per_actor,
+                                      num_cpus=num_cpus_per_actor, compute=compute, per_sample_s=per_sample_s,
                                       name_prefix=name_prefix)
                          for r in range(self.replicas[k])] for k in range(num_stages)]
         ray.get([a.describe.remote() for row in self._actors for a in row])  # fail fast if one cannot start
 
     @property
     def emulated(self) -> bool:
-        return any(s < 1.0 for s in self.speeds.values())
+        return self.compute == "sleep" or any(s < 1.0 for s in self.speeds.values())
 
     def emulation_note(self) -> str:
         slow = {f"s{k}r{r}": s for (k, r), s in sorted(self.speeds.items()) if s < 1.0}
+        if self.compute == "sleep":
+            return (f"{SLEEP_COMPUTE_NOTE} (here: {1e3 * self.per_sample_s:g} ms per sample per forward, twice that "
+                    f"per backward); slow replicas: {slow or 'none'}")
         return f"{EMULATION_NOTE}; slow replicas: {slow}" if slow else "no emulation: all replicas at full speed"
 
     # -- one global step --------------------------------------------------------------------------

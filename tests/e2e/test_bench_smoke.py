@@ -11,13 +11,15 @@ import pytest
 STANDARD = {"command", "git_rev", "machine", "emulated"}
 FIGURES = {
     "hetero": {"speeds", "rates", "comm_s", "ideal_speedup", "ideal_speedup_no_comm", "speedup_vs_uniform",
-               "efficiency", "loss_uniform", "loss_pdml", "scheduler_overhead_fraction"},
+               "efficiency", "efficiency_pdml_rates", "extras_s", "loss_uniform", "loss_pdml",
+               "scheduler_overhead_fraction", "worker_overhead_fraction", "scheduler_cpu_fraction", "compute", "targets"},
     "sampling": {"steps_to_target_uniform", "steps_to_target_priority", "step_ratio", "time_to_target_uniform_s",
-                 "time_to_target_priority_s", "time_ratio", "target_metric", "control", "sumtree"},
+                 "time_to_target_priority_s", "time_ratio", "target_metric", "control", "sumtree", "ablations",
+                 "arms", "ratio_direction", "continuity_overhead_fraction", "continuity_cost_at_1e7", "targets"},
     "pipeline": {"grid", "ray"},
 }
 EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
-         "sampling": ["--repetitions", "1", "--dataset-size", "5000"],
+         "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "300"],
          "pipeline": []}
 
 
@@ -31,8 +33,24 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
     result = json.loads(out.read_text())
     assert STANDARD | FIGURES[name] <= set(result), sorted(set(result))
     assert result["machine"]["cores"] >= 1 and result["emulated"]
+    if name == "sampling":
+        assert set(result["ablations"]) == {"priority_beta1", "priority_no_correction", "label_balanced"}
+        assert all({"steps_to_target", "time_to_target_s", "step_ratio", "time_ratio", "reached"} <= set(a)
+                   for a in result["ablations"].values())
+        from pdml_ray.config import ContinuityConfig  # the benchmark checks continuity at the library default
+
+        assert result["continuity_check_interval"] == ContinuityConfig().check_interval
+        assert result["continuity_cost_at_1e7"]["n"] == 10_000_000
+        assert all({"value", "target", "met"} <= set(t) for t in result["targets"].values())
     if name == "pipeline":
         case = result["grid"][0]
         assert {"stages", "replicas", "microbatches", "profile", "makespan_s", "bubble_fraction", "lower_bound_s",
                 "osprey_over_1f1b", "osprey_over_lower_bound", "warmup_steps", "memory_violations"} <= set(case)
-        assert "osprey_over_static" in result["ray"], result["ray"]
+        assert {"osprey_over_1f1b_weighted", "osprey_over_1f1b_worst", "seeds"} <= set(case)
+        assert len(case["seeds"]) >= 5 and "1f1b-weighted" in result["schedules"]
+        assert all({"value", "target", "met", "basis"} <= set(t) for t in result["targets"].values())
+        ray_run = result["ray"]
+        assert "osprey_over_static" in ray_run, ray_run
+        assert ray_run["compute"] == result["compute"] == "sleep" and "EMULATED" in result["emulated"]["compute"]
+        assert {"osprey_over_1f1b", "osprey_over_1f1b_weighted"} <= set(ray_run["paired"])
+        assert result["machine"]["device"] == "cpu" and result["devices"]["grid"].startswith("none")

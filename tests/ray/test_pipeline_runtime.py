@@ -133,11 +133,35 @@ def test_compare_schedules_reports_the_figures_the_benchmark_prints(runtime):
     # Smallest real run (2 actors: start-up dominates), next to the module's runtime (3 CPUs of 4 in use).
     # What osprey gains is the benchmark's business (pdml-ray bench pipeline), not a test's.
     out = compare_schedules("1f1b", "osprey", stages=2, replicas=1, steps=2, microbatches=4, quick=True,
-                            warmup_steps=0, num_cpus_per_actor=0.2)
+                            warmup_steps=0, num_cpus_per_actor=0.2, compute="sleep", per_sample_ms=0.2,
+                            also=("1f1b-weighted",))
+    assert out["compute"] == "sleep" and out["per_sample_ms"] == 0.2
     assert out["osprey_over_static"] == pytest.approx(out["adaptive_median_step_s"] / out["static_median_step_s"])
     assert len(out["static_step_s"]) == len(out["adaptive_step_s"]) == 2
+    assert set(out["schedules"]) == {"1f1b", "osprey", "1f1b-weighted"}
+    assert set(out["paired"]) == {"osprey_over_1f1b", "osprey_over_1f1b_weighted"}
+    paired = out["paired"]["osprey_over_1f1b"]
+    assert paired["ratios"] == pytest.approx([a / s for s, a in zip(out["static_step_s"], out["adaptive_step_s"])])
+    assert paired["rounds"] == 2 == sum(paired[k] for k in ("rounds_method_faster", "rounds_baseline_faster", "rounds_tied"))
     assert out["speeds"] == {"s0r0": 1.0, "s1r0": 0.5} and out["slow_replica"] == "s1r0"
-    assert "EMULATED" in out["emulated"] and "s1r0" in out["emulated"]
+    assert "EMULATED (--compute sleep)" in out["emulated"] and "s1r0" in out["emulated"]
+    # The sleeps alone make a step at least 4 micro-batches x 64 samples x 0.2 ms x (1 + 2) / 0.5 on the slow stage.
+    assert min(out["static_step_s"]) >= 4 * 64 * 0.2e-3 * 3 / 0.5
+    # The simulator's prediction on the same costs: one replica per stage, so the slow stage's work plus the
+    # fast stage's first forward and last backward.
+    f = 64 * 0.2e-3
+    assert out["simulated_step_s"]["1f1b"] == pytest.approx(4 * 3 * f / 0.5 + 3 * f)
     assert out["forward_counts"]["adaptive"] == {"s0r0": 4, "s1r0": 4}
-    assert 0 < out["cpu_floor_s"] and out["layers_per_stage"] == [6, 5]
+    assert out["layers_per_stage"] == [6, 5] and out["model"].startswith("MLP 32-64x5")
     assert ray.is_initialized()  # it used the running cluster and left it running
+
+
+def test_compare_schedules_keeps_real_compute(runtime):
+    out = compare_schedules("1f1b", "osprey", stages=2, replicas=1, steps=1, microbatches=2, quick=True,
+                            warmup_steps=0, num_cpus_per_actor=0.2, compute="real")
+    assert out["compute"] == "real" and out["per_sample_ms"] is None and set(out["paired"]) == {"osprey_over_1f1b"}
+    assert out["simulated_step_s"] is None
+    assert "EMULATED: a worker with speed s sleeps" in out["emulated"]
+    assert 0 < out["cpu_floor_s"] and out["layers_per_stage"] == [6, 5]
+    with pytest.raises(ConfigError, match="compute must be one of"):
+        compare_schedules(compute="fast")

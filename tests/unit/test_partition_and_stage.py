@@ -173,6 +173,34 @@ def test_emulated_speed_sleeps_and_says_so():
     assert timing.latency_s == pytest.approx(timing.compute_s + timing.emulated_s)
 
 
+def test_sleep_compute_mode_sleeps_per_sample_over_speed(monkeypatch):
+    # --compute sleep: the real (small) forward/backward runs, then samples x per-sample time / speed is
+    # slept (twice that for a backward), whatever the real compute took.
+    from pdml_ray.pipeline import stage as stage_module
+
+    slept: list[float] = []
+    monkeypatch.setattr(stage_module, "sleep_compute", lambda n, per_s, speed: slept.append(n * per_s / speed) or slept[-1])
+    worker = StageWorker(0, 0, 1, nn.Linear(4, 1), loss_fn=nn.MSELoss(), speed=0.5, compute="sleep", per_sample_s=0.001)
+    _, fwd = worker.forward(0, torch.randn(10, 4), target=torch.zeros(10, 1))
+    _, bwd = worker.backward(0)
+    assert slept == [pytest.approx(0.02), pytest.approx(0.04)]  # 10 x 1 ms / 0.5; backward 2x
+    assert fwd.emulated_s == pytest.approx(0.02) and bwd.emulated_s == pytest.approx(0.04)
+    assert fwd.latency_s == pytest.approx(fwd.compute_s + 0.02)
+    assert all(p.grad is not None for p in worker.module.parameters())  # real gradients all the same
+    # Really sleeping: a 5-sample forward at 2 ms per sample and speed 1 takes at least 10 ms.
+    monkeypatch.undo()
+    real = StageWorker(0, 0, 2, nn.Linear(4, 4), compute="sleep", per_sample_s=0.002)
+    _, timing = real.forward(0, torch.randn(5, 4))
+    assert timing.emulated_s >= 0.01 and timing.latency_s >= 0.01
+
+
+def test_compute_mode_is_checked():
+    with pytest.raises(ValueError, match="compute must be one of"):
+        StageWorker(0, 0, 2, nn.Linear(3, 3), compute="fast")
+    with pytest.raises(ValueError, match="per_sample_s > 0"):
+        StageWorker(0, 0, 2, nn.Linear(3, 3), compute="sleep")
+
+
 def test_discard_step_forgets_a_failed_step():
     worker = StageWorker(0, 0, 1, nn.Linear(3, 1), loss_fn=nn.MSELoss())
     before = worker.get_parameters()

@@ -66,7 +66,7 @@ def test_gpipe_under_memory_limit_runs_in_rounds() -> None:
 
 
 def test_static_schedules_assign_round_robin() -> None:
-    for name in ("gpipe", "1f1b", "critical-path"):
+    for name in ("gpipe", "1f1b", "1f1b-weighted", "critical-path"):  # 1f1b-weighted: before any measurement
         plan = make_scheduler(name, stages=3, replicas=(2, 3, 1), microbatches=7).plan(0)
         assert dict(plan.placement) == round_robin(3, (2, 3, 1), 7)
         assert plan.reorder is False
@@ -113,3 +113,82 @@ def test_in_order_makespan_names_a_deadlock_and_list_scheduling_refuses_zero_cap
 def test_unknown_schedule_lists_valid_names() -> None:
     with pytest.raises(ValueError, match=r"unknown pipeline schedule 'pipedream'.*'1f1b'.*'osprey'"):
         make_scheduler("pipedream", stages=2, replicas=1, microbatches=2)
+
+
+# ---- 1f1b-weighted: 1F1B with micro-batches in proportion to replica speeds ----------------------
+
+def _counts(plan, stage: int, replicas: int) -> list[int]:
+    return [sum(1 for (k, _), r in plan.placement.items() if k == stage and r == rep) for rep in range(replicas)]
+
+
+def test_weighted_1f1b_follows_given_speeds() -> None:
+    from pdml_ray.pipeline.static import speed_weighted_placement
+
+    plan = make_scheduler("1f1b-weighted", stages=2, replicas=2, microbatches=12).plan(0)  # before speeds: 1F1B
+    assert _counts(plan, 0, 2) == [6, 6]
+    from pdml_ray.pipeline.static import WeightedOneFOneBScheduler
+
+    w = WeightedOneFOneBScheduler(stages=2, replicas=(2, 2), microbatches=12, speeds=[[1.0, 0.5], [1.0, 1.0]])
+    plan = w.plan(0)
+    validate(plan)
+    assert _counts(plan, 0, 2) == [8, 4] and _counts(plan, 1, 2) == [6, 6]  # 2:1 where the speeds are 1 : 0.5
+    assert w.microbatch_counts() == [[8, 4], [6, 6]]
+    # The slow replica's micro-batches are spread over the step, not bunched at its end.
+    assert [speed_weighted_placement([[1.0, 0.5]], 12)[(0, m)] for m in range(12)] == [0, 1, 0, 0, 1, 0] * 2
+    assert plan.reorder is False and plan.schedule == "1f1b-weighted"
+
+
+def test_weighted_1f1b_equals_1f1b_when_speeds_are_equal() -> None:
+    from pdml_ray.pipeline.static import WeightedOneFOneBScheduler
+
+    for replicas, microbatches in (((2, 3, 1), 7), ((4, 4, 4, 4), 16), ((3, 2), 5)):
+        stages = len(replicas)
+        plain = make_scheduler("1f1b", stages=stages, replicas=replicas, microbatches=microbatches).plan(0)
+        given = WeightedOneFOneBScheduler(stages=stages, replicas=replicas, microbatches=microbatches,
+                                          speeds=[[0.7] * r for r in replicas]).plan(0)
+        assert given.orders == plain.orders
+        # Measured on a homogeneous cluster: the same plan after calibration.
+        measured = make_scheduler("1f1b-weighted", stages=stages, replicas=replicas, microbatches=microbatches)
+        sim = PipelineSimulator(ClusterProfile.build(stages, replicas))
+        for step in range(3):
+            measured.observe(sim.run_step(measured.plan(step), step).measurements)
+        assert measured.plan(3).orders == plain.orders
+
+
+def test_weighted_1f1b_measures_speeds_then_keeps_its_plan() -> None:
+    S, R, M = 4, 4, 16
+    profile = ClusterProfile.build(S, R, profile="heterogeneous", seed=3, memory_limit=S)
+    sim = PipelineSimulator(profile, seed=3)
+    w = make_scheduler("1f1b-weighted", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S))
+    plans = []
+    for step in range(4):
+        plans.append(w.plan(step))
+        validate(plans[-1])
+        result = sim.run_step(plans[-1], step)
+        assert result.memory_violations == 0
+        w.observe(result.measurements)
+    assert w.calibrated_steps == 2
+    for k in range(S):  # relative speeds, the stage's fastest replica 1.0, as measured (no noise here)
+        fastest = max(profile.speeds[k])
+        assert w.speeds[k] == pytest.approx([s / fastest for s in profile.speeds[k]], abs=0.006)
+    slow_stage = S // 2  # replica 0 of the middle stage runs at half speed: it gets the fewest micro-batches
+    counts = _counts(plans[-1], slow_stage, R)
+    assert counts[0] == min(counts) < M // R < max(counts) and sum(counts) == M
+    assert plans[2].orders == plans[3].orders  # fixed after calibration
+    # It beats round-robin 1F1B here, where speeds differ.
+    plain = make_scheduler("1f1b", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S)).plan(0)
+    assert sim.run_step(plans[-1], 3).makespan_s < sim.run_step(plain, 3).makespan_s
+    # State round trip reproduces the plan.
+    fresh = make_scheduler("1f1b-weighted", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S))
+    fresh.load_state_dict(w.state_dict())
+    assert fresh.plan(4).orders == w.plan(4).orders
+
+
+def test_weighted_1f1b_rejects_bad_speeds() -> None:
+    from pdml_ray.errors import ConfigError
+    from pdml_ray.pipeline.static import WeightedOneFOneBScheduler
+
+    with pytest.raises(ConfigError, match="one positive speed per replica"):
+        WeightedOneFOneBScheduler(stages=2, replicas=(2, 2), microbatches=4, speeds=[[1.0, 0.5]])
+    with pytest.raises(ConfigError, match="one positive speed per replica"):
+        WeightedOneFOneBScheduler(stages=1, replicas=(2,), microbatches=4, speeds=[[1.0, 0.0]])

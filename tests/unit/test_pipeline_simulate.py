@@ -115,9 +115,78 @@ def test_simulate_cli_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None
     assert "1f1b" in out and "osprey" in out and "x lower_bound" in out
     assert "[[1.0, 1.0], [0.5, 1.0], [1.0, 1.0]]" in out  # the --slow override reached the profile
     assert "step  0: s0r0F0" in out  # --show-plan grid
+    assert main(["simulate", "--stages", "2", "--replicas", "2", "--microbatches", "6", "--steps", "3",
+                 "--slow", "1:0=0.5", "--schedules", "1f1b,1f1b-weighted"]) == 0
+    out = capsys.readouterr().out
+    assert "x 1f1b-weighted" in out and "1f1b-weighted  " in out
 
 
 def test_dataclass_replace_keeps_profile_valid() -> None:
     profile = ClusterProfile.build(2, 1)
     with pytest.raises(ConfigError):
         dataclasses.replace(profile, speeds=((1.0,), (0.0,)))
+
+
+# ---- the benchmark's statistics (pdml_ray.bench.pipeline, no Ray) ---------------------------------
+
+def test_paired_ratio_stats_counts_rounds_and_sign_test() -> None:
+    from pdml_ray.bench.common import paired_ratio_stats
+    from pdml_ray.errors import UsageError
+
+    baseline = [1.0, 1.0, 2.0, 1.0, 1.0]
+    method = [0.8, 1.1, 1.0, 0.9, 1.0]  # ratios 0.8, 1.1, 0.5, 0.9, 1.0
+    p = paired_ratio_stats(baseline, method)
+    assert p["ratios"] == pytest.approx([0.8, 1.1, 0.5, 0.9, 1.0])
+    assert p["median_ratio"] == pytest.approx(0.9) and p["min_ratio"] == 0.5 and p["max_ratio"] == pytest.approx(1.1)
+    assert (p["rounds"], p["rounds_method_faster"], p["rounds_baseline_faster"], p["rounds_tied"]) == (5, 3, 1, 1)
+    assert p["sign_test_p"] == pytest.approx(2 * 5 / 16)  # 3 wins vs 1 loss: P(X <= 1) = 5/16, two-sided
+    assert p["ratio_of_medians"] == pytest.approx(1.0)  # medians 1.0 / 1.0: not the median of the pairs
+    # Ten rounds all won: p = 2 / 2**10.
+    assert paired_ratio_stats([1.0] * 10, [0.9] * 10)["sign_test_p"] == pytest.approx(2 / 1024)
+    with pytest.raises(UsageError, match="same number"):
+        paired_ratio_stats([1.0, 2.0], [1.0])
+
+
+def _case(profile: str, seed: int, over_1f1b: float, over_weighted: float, over_lb: float, replicas: int = 4) -> dict:
+    names = ("1f1b", "1f1b-weighted", "osprey")
+    return {"stages": 4, "replicas": replicas, "microbatches": 16, "profile": profile, "seed": seed,
+            "makespan_s": {n: 1.0 for n in names}, "bubble_fraction": {n: 0.1 for n in names}, "lower_bound_s": 0.9,
+            "osprey_over_1f1b": over_1f1b, "osprey_over_1f1b_weighted": over_weighted,
+            "osprey_over_lower_bound": over_lb, "warmup_steps": seed, "memory_violations": {n: 0 for n in names},
+            "peak_activations": {n: 4 for n in names}, "auto": {"schedule": "osprey", "reason": ""}}
+
+
+def test_grid_cells_summarise_seeds_and_targets_say_their_basis() -> None:
+    from pdml_ray.bench.pipeline import check_targets, summarize_cell
+
+    hetero = summarize_cell([_case("heterogeneous", s, r, r + 0.1, 1.1) for s, r in enumerate([0.7, 0.82, 0.75])])
+    assert hetero["osprey_over_1f1b"] == pytest.approx(0.75) and hetero["osprey_over_1f1b_worst"] == pytest.approx(0.82)
+    assert hetero["osprey_over_1f1b_weighted"] == pytest.approx(0.85)
+    assert hetero["osprey_over_1f1b_per_seed"] == [0.7, 0.82, 0.75] and hetero["seeds"] == [0, 1, 2]
+    assert hetero["warmup_steps"] == 2  # the worst seed
+    homo = summarize_cell([_case("homogeneous", s, 1.0, 1.0, 1.0) for s in range(3)])
+    targets = check_targets([hetero, homo], num_seeds=3)
+    t = targets["heterogeneous_osprey_over_1f1b"]
+    # Judged on the median over seeds (0.75 <= 0.8: met); the worst seed (0.82) is reported beside it.
+    assert (t["value"], t["target"], t["met"]) == (pytest.approx(0.75), 0.8, True)
+    assert t["worst_seed_value"] == pytest.approx(0.82) and t["met_every_seed"] is False
+    assert "median over 3 seeds" in t["basis"] and t["worst_cell"] == "4x4x16 heterogeneous"
+    for name, target in targets.items():  # the format the CLI's --check reads
+        assert {"value", "target", "met"} <= set(target), name
+        assert isinstance(target["met"], bool) and isinstance(target["value"], float)
+    assert targets["memory_violations"]["met"] and targets["warmup_steps"]["value"] == 2.0
+
+
+def test_bench_pipeline_refuses_cuda_and_records_no_device(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from pdml_ray.cli import main
+
+    assert main(["bench", "pipeline", "--device", "cuda", "--no-ray"]) == 2
+    assert "--device cuda is not supported" in capsys.readouterr().err
+    out = tmp_path / "p.json"
+    assert main(["bench", "pipeline", "--quick", "--no-ray", "--seeds", "1", "--steps", "4", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["machine"]["device"] == "none" and result["devices"]["ray"] == "not run"
+    assert "osprey_over_1f1b_weighted" in result["grid"][0] and result["seeds"] == [0]
+    assert "1f1b-weighted" in result["grid"][0]["makespan_s"]
