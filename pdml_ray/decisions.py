@@ -174,6 +174,66 @@ class SampleDecision:
         return f"SampleDecision v{self.version} @step {self.effective_step}: plans for steps {steps}"
 
 
+@dataclass(frozen=True, slots=True)
+class GradientDecision:
+    """Per-worker gradient priorities and the top-K rule, effective from ``effective_step`` on.
+
+    A straggler-tolerant policy applies, of the gradients that arrived in a step, the top
+    ``k_fraction`` by ``priorities`` plus every worker not applied for ``max_wait`` steps
+    (``pdml_ray.priority.gradient.select_topk``); an asynchronous one weighs a gradient ``s`` steps stale
+    by ``staleness_weight(s, max_staleness)`` and refuses it beyond ``max_staleness``.
+    """
+
+    version: int
+    effective_step: int
+    priorities: tuple[float, ...]
+    """One priority per worker (>= 0; higher = apply first): alpha * grad + beta * data + gamma * node."""
+    k_fraction: float
+    """Fraction of the arrived gradients to apply, in (0, 1]."""
+    weights: tuple[float, float, float]
+    """(alpha, beta, gamma) the priorities were combined with."""
+    max_wait: int
+    """No-starvation bound M (steps)."""
+    max_staleness: int
+    """Staleness bound S (steps) for asynchronous policies."""
+    reason: str = ""
+
+    def validate(self, num_workers: int | None = None) -> None:
+        """Raise PlanError unless priorities are finite and >= 0 (one per worker), K in (0, 1], weights on
+        the simplex and the bounds non-negative."""
+        n = len(self.priorities)
+        if n == 0 or (num_workers is not None and n != num_workers):
+            raise PlanError(f"gradient decision v{self.version}: {n} priorities, expected {num_workers}")
+        if not all(math.isfinite(p) and p >= 0 for p in self.priorities):
+            raise PlanError(f"gradient decision v{self.version}: priorities must be finite and >= 0, got {self.priorities}")
+        if not (0.0 < self.k_fraction <= 1.0):
+            raise PlanError(f"gradient decision v{self.version}: k_fraction {self.k_fraction} not in (0, 1]")
+        if len(self.weights) != 3 or min(self.weights) < 0 or abs(sum(self.weights) - 1.0) > 1e-6:
+            raise PlanError(f"gradient decision v{self.version}: weights {self.weights} are not on the simplex")
+        if self.max_wait < 1 or self.max_staleness < 0:
+            raise PlanError(f"gradient decision v{self.version}: max_wait {self.max_wait} must be >= 1 and "
+                            f"max_staleness {self.max_staleness} >= 0")
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "effective_step": self.effective_step, "priorities": list(self.priorities),
+                "k_fraction": self.k_fraction, "weights": list(self.weights), "max_wait": self.max_wait,
+                "max_staleness": self.max_staleness, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GradientDecision":
+        w = tuple(float(x) for x in d["weights"])
+        return cls(version=d["version"], effective_step=d["effective_step"],
+                   priorities=tuple(float(p) for p in d["priorities"]), k_fraction=float(d["k_fraction"]),
+                   weights=(w[0], w[1], w[2]), max_wait=int(d["max_wait"]), max_staleness=int(d["max_staleness"]),
+                   reason=d.get("reason", ""))
+
+    def __str__(self) -> str:
+        pri = " ".join(f"{p:.3g}" for p in self.priorities)
+        a, b, g = self.weights
+        return (f"GradientDecision v{self.version} @step {self.effective_step}: priorities [{pri}], "
+                f"K {self.k_fraction:.2f}, weights ({a:.2f}, {b:.2f}, {g:.2f}) ({self.reason})")
+
+
 class Decision(Protocol):
     """What every deriver's decision record has: the scheduler stamps both fields (and nothing else)."""
 

@@ -93,6 +93,8 @@ class Scheduler:
         self.config = config
         self.num_workers = num_workers
         self.derivers: dict[str, Deriver] = make_derivers(config, num_workers)
+        for deriver in self.derivers.values():
+            deriver.bind(self.derivers)
         self.versions: dict[str, int] = {}
         self.current: dict[str, Decision] = {}  # newest published decision per deriver
         self.history: dict[str, deque[Decision]] = {name: deque(maxlen=_HISTORY_ROWS) for name in self.derivers}

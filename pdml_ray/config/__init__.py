@@ -13,11 +13,12 @@ dataclasses from plain data (``loading.load_dataclass``); unknown keys are error
 """
 
 from pdml_ray.config.continuity import ContinuityConfig
+from pdml_ray.config.gradient import GradientPriorityConfig
 from pdml_ray.config.loading import load_dataclass
 from pdml_ray.config.node import DEFAULT_ACCELERATOR_PRIOR, NodePriorityConfig
 from pdml_ray.config.pdml import PDMLConfig
 from pdml_ray.config.pipeline import OspreyConfig, PipelineConfig
 from pdml_ray.config.sample import SamplePriorityConfig
 
-__all__ = ["DEFAULT_ACCELERATOR_PRIOR", "ContinuityConfig", "NodePriorityConfig", "OspreyConfig", "PDMLConfig",
-           "PipelineConfig", "SamplePriorityConfig", "load_dataclass"]
+__all__ = ["DEFAULT_ACCELERATOR_PRIOR", "ContinuityConfig", "GradientPriorityConfig", "NodePriorityConfig", "OspreyConfig",
+           "PDMLConfig", "PipelineConfig", "SamplePriorityConfig", "load_dataclass"]

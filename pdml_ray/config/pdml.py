@@ -9,6 +9,7 @@ from typing import Any
 
 from pdml_ray.config.checks import require
 from pdml_ray.config.continuity import ContinuityConfig
+from pdml_ray.config.gradient import GradientPriorityConfig
 from pdml_ray.config.loading import load_dataclass
 from pdml_ray.config.node import NodePriorityConfig
 from pdml_ray.config.pipeline import PipelineConfig
@@ -23,6 +24,9 @@ class PDMLConfig:
     node_priority: NodePriorityConfig = field(default_factory=NodePriorityConfig)
     sample_priority: SamplePriorityConfig | None = None
     """None (the default) keeps uniform sampling: a seeded permutation per epoch."""
+    gradient_priority: GradientPriorityConfig | None = None
+    """None (the default) derives no gradient priorities; set it for the straggler runtime's top-K and
+    async policies (``pdml_ray.priority.gradient``)."""
     continuity: ContinuityConfig = field(default_factory=ContinuityConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     """Micro-batch scheduling for the pipeline runtime (schedule name, osprey knobs, memory limit)."""

@@ -11,7 +11,7 @@ A deriver turns worker reports into decisions (measure -> derive -> decide):
     state_dict / load_state_dict    for checkpoints
 
 Decisions come back unstamped (``version`` and ``effective_step`` as placeholders): the scheduler
-alone stamps them. Event hooks (``on_register``, ``on_dataset``) are no-ops unless overridden, like
+alone stamps them. Event hooks (``bind``, ``on_register``, ``on_dataset``) are no-ops unless overridden, like
 Ray Train's callbacks. Derivers are pure: no Ray, no clocks that change decisions, no I/O.
 """
 
@@ -56,6 +56,11 @@ class Deriver:
         self.num_workers = num_workers
 
     # -- events (no-ops by default) -----------------------------------------------------------------
+    def bind(self, peers: Mapping[str, "Deriver"]) -> None:
+        """The scheduler hands every deriver all enabled derivers by name, once, after building them
+        (the gradient deriver reads the node deriver's rates and the sample deriver's table). Read-only
+        use only: a deriver never changes a peer's state."""
+
     def on_register(self, worker_id: int, accelerator_type: str) -> None:
         """A worker announced its accelerator type (at start-up or after a restart)."""
 

@@ -30,7 +30,13 @@ def _b(first_step, sizes=(50, 50), k=5):
 def test_the_config_enables_derivers_from_the_one_registry():
     assert enabled_derivers(_config()) == ["node"]
     assert enabled_derivers(_config(sample=True)) == ["node", "sample"]
-    assert list(Scheduler(_config(sample=True), 2).derivers) == list(DERIVERS)
+    assert list(Scheduler(_config(sample=True), 2).derivers) == ["node", "sample"]
+    # every registered deriver, in registry order, when every config field is set
+    from pdml_ray.config import GradientPriorityConfig, PDMLConfig
+
+    full = PDMLConfig(**{**{f: getattr(_config(sample=True), f) for f in ("node_priority", "sample_priority")},
+                         "gradient_priority": GradientPriorityConfig()})
+    assert list(Scheduler(full, 2).derivers) == list(DERIVERS)
 
 
 def test_reports_produce_a_newer_decision_and_bundles_carry_it_once():
