@@ -36,17 +36,10 @@ def round_to_batch_sizes(shares: Sequence[float] | np.ndarray, total: int, min_b
         raise PlanError(f"cannot split {total} samples over {n} workers within [{min_batch}, {max_batch}]; "
                         "change min_batch/max_batch or the global batch size")
 
-    # Water-filling: the level T with sum(clip(T * s, lo, cap)) == total. The sum is non-decreasing in
-    # T, so bisection finds it; zero shares get a vanishing weight so they only grow when they must.
+    # Water-filling: sizes clip(T * s, lo, cap) at the level T where they sum to total (exact, O(n log n));
+    # zero shares get a vanishing weight so they only grow when they must.
     s = np.maximum(s / s.max(), 1e-12)
-    low, high = 0.0, cap / s.min()
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        if np.clip(mid * s, min_batch, cap).sum() < total:
-            low = mid
-        else:
-            high = mid
-    target = np.clip(high * s, min_batch, cap)
+    target = _water_fill(np.zeros(n), s, total, float(min_batch), float(cap))
 
     sizes = np.clip(np.floor(target + 1e-9), min_batch, cap).astype(np.int64)
     short = int(total - sizes.sum())
@@ -85,12 +78,26 @@ def balance_affine(fixed_s: Sequence[float] | np.ndarray, rates: Sequence[float]
         raise PlanError(f"cannot split {total} samples over {n} workers within [{min_batch}, {max_batch}]; "
                         "change min_batch/max_batch or the global batch size")
 
-    def filled(level: float) -> np.ndarray:
-        return np.clip(r * (level - c), lo, cap)
+    return _water_fill(c, r, total, lo, cap)
 
-    # Below the lowest breakpoint every worker sits at min_batch, above the highest at the cap.
-    levels = np.unique(np.concatenate([c + lo / r, c + cap / r]))
-    sums = np.array([filled(t).sum() for t in levels])
+
+def _water_fill(c: np.ndarray, r: np.ndarray, total: int, lo: float, cap: float) -> np.ndarray:
+    """``b_i = clip(r_i * (T - c_i), lo, cap)`` at the level T where ``sum(b) == total`` (bounds already
+    checked). The sum is piecewise linear and non-decreasing in T with breakpoints where a worker leaves
+    its floor (``a_i = c_i + lo / r_i``) or reaches its cap (``e_i = c_i + cap / r_i``); it is evaluated
+    at every breakpoint at once from sorted cumulative sums (O(n log n)), then T is found exactly
+    between the two that bracket ``total``."""
+    n = len(r)
+    a, e = c + lo / r, c + cap / r
+    levels = np.unique(np.concatenate([a, e]))
+    order_a, order_e = np.argsort(a, kind="stable"), np.argsort(e, kind="stable")
+    ra, rca = np.concatenate([[0.0], np.cumsum(r[order_a])]), np.concatenate([[0.0], np.cumsum((r * c)[order_a])])
+    re, rce = np.concatenate([[0.0], np.cumsum(r[order_e])]), np.concatenate([[0.0], np.cumsum((r * c)[order_e])])
+    ka = np.searchsorted(a[order_a], levels, side="right")  # workers off their floor at each level
+    ke = np.searchsorted(e[order_e], levels, side="right")  # workers at their cap
+    active_r, active_rc = ra[ka] - re[ke], rca[ka] - rce[ke]
+    sums = lo * (n - ka) + cap * ke + levels * active_r - active_rc
+    sums = np.maximum.accumulate(sums)  # monotone despite rounding
     k = int(np.searchsorted(sums, total, side="left"))  # first breakpoint whose sum reaches total
     if k == 0:
         level = float(levels[0])
@@ -98,8 +105,8 @@ def balance_affine(fixed_s: Sequence[float] | np.ndarray, rates: Sequence[float]
         level = float(levels[-1])
     else:  # linear between breakpoints k - 1 and k
         t0, t1, s0, s1 = levels[k - 1], levels[k], sums[k - 1], sums[k]
-        level = float(t0 + (total - s0) * (t1 - t0) / (s1 - s0))
-    b = filled(level)
+        level = float(t0 + (total - s0) * (t1 - t0) / (s1 - s0)) if s1 > s0 else float(t1)
+    b = np.clip(r * (level - c), lo, cap)
     # Rounding noise: hand the last fraction to the workers strictly inside their bounds.
     free = (b > lo) & (b < cap)
     short = total - b.sum()

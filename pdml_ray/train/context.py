@@ -295,9 +295,6 @@ class PDMLContext:
         What the bundle brings takes effect ``lead_steps`` from now (at once with ``epoch()``)."""
         k, lead = self.config.node_priority.decision_interval, self.lead_steps
         t0 = time.perf_counter()
-        if self.client is not None:
-            self.client.report(self._reports)
-        self._reports = []
         bundle = None
         if self.rank == 0 and self.client is not None:
             first = self.global_step == 0  # start-up: may wait briefly, the step has not begun
@@ -317,6 +314,10 @@ class PDMLContext:
                 box = [bundle]
                 dist.broadcast_object_list(box, src=0)
                 bundle = box[0]
+        # reports go after the broadcast: fire-and-forget, so no rank waits on another's submission
+        if self.client is not None:
+            self.client.report(self._reports)
+        self._reports = []
         if bundle is not None:
             self._adopt(bundle)
         self._horizon = self.global_step + k + lead  # nothing adopted later takes effect before that
