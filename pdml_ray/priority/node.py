@@ -157,11 +157,13 @@ class StepTimeFit:
         """Per-sample rates r_i (samples/s), NaN until measured (the view the EMA used to give)."""
         return np.array([self.fit(i).rate if m else np.nan for i, m in enumerate(self.measured)])
 
-    def update(self, i: int, b: float, t: float) -> None:
-        """Fold one report in; a time far off the worker's line is first pulled back to the clip bound."""
+    def update(self, i: int, b: float, t: float, line: LineFit | None = None) -> None:
+        """Fold one report in; a time far off the worker's line is first pulled back to the clip bound.
+        ``line`` is the worker's fit to clip against (default: fitted now); ``ingest`` passes the fit as
+        of the start of a batch of reports, one fit per worker per batch rather than one per report."""
         s, lam = self.stats, self.forget
         if s["w"][i] > 0:
-            line = self.fit(i)
+            line = line or self.fit(i)
             if line.noise_dof > 0.0:  # without a noise estimate (ema_alpha = 1) nothing is an outlier
                 pred = line.predict(b)
                 bound = max(OUTLIER_SIGMAS * math.sqrt(line.noise_var + line.predict_var(b)), OUTLIER_FLOOR * pred)
@@ -315,11 +317,15 @@ class NodePriorityDeriver(Deriver):
 
     def ingest(self, reports: Sequence[WorkerReport]) -> None:
         """Fold accepted reports into the step-time fits (warm-up steps are not representative)."""
+        lines: dict[int, LineFit] = {}  # each worker's fit at the start of this batch: the clip reference
         for r in reports:
             if r.accelerator_type != self.accelerator_types[r.worker_id]:  # e.g. after a restart
                 self.on_register(r.worker_id, r.accelerator_type)
             if r.step >= self.node_config.warmup_steps:
-                self.fit.update(r.worker_id, float(r.samples), float(r.compute_s))
+                w = r.worker_id
+                if w not in lines and self.fit.stats["w"][w] > 0:
+                    lines[w] = self.fit.fit(w)
+                self.fit.update(w, float(r.samples), float(r.compute_s), lines.get(w))
 
     # -- derive ----------------------------------------------------------------------------------
     def step_model(self) -> StepModel:
