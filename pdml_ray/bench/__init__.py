@@ -8,4 +8,5 @@ BENCHMARKS: dict[str, str] = {
     "hetero": "pdml_ray.bench.hetero",
     "sampling": "pdml_ray.bench.sampling",
     "pipeline": "pdml_ray.bench.pipeline",
+    "stragglers": "pdml_ray.bench.stragglers",
 }

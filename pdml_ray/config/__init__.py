@@ -19,6 +19,7 @@ from pdml_ray.config.node import DEFAULT_ACCELERATOR_PRIOR, NodePriorityConfig
 from pdml_ray.config.pdml import PDMLConfig
 from pdml_ray.config.pipeline import OspreyConfig, PipelineConfig
 from pdml_ray.config.sample import SamplePriorityConfig
+from pdml_ray.config.stragglers import StragglerConfig
 
 __all__ = ["DEFAULT_ACCELERATOR_PRIOR", "ContinuityConfig", "GradientPriorityConfig", "NodePriorityConfig", "OspreyConfig",
-           "PDMLConfig", "PipelineConfig", "SamplePriorityConfig", "load_dataclass"]
+           "PDMLConfig", "PipelineConfig", "SamplePriorityConfig", "StragglerConfig", "load_dataclass"]

@@ -1,0 +1,73 @@
+"""Ray actor shell around ``GradientWorker``: one actor per data-parallel worker of the
+straggler-tolerant runtime (``pdml_ray.runtime.stragglers``).
+
+``run`` returns ``(message, WorkerReply)``; call it with ``.options(num_returns=2)`` so the message
+tensor stays in the object store as its own ObjectRef (the aggregator fetches only the messages its
+combination uses) while it waits on the small reply. The actor is threaded (``max_concurrency``): a
+newer step's ``run`` announces itself while an older one still sleeps its EMULATED compute time,
+which cuts the older one short, so a straggler never queues steps the aggregator has moved past.
+
+An EMULATED death (``straggler_model.death_step``) exits the actor's process at that step: Ray
+reports it to the aggregator as ``ActorDiedError``, as it would a crashed node.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+from torch import Tensor
+
+from pdml_ray.errors import UsageError
+from pdml_ray.stragglers.policy import WorkerTask
+from pdml_ray.stragglers.worker import GradientWorker, WorkerReply
+
+# Workers mostly sleep (emulated compute); a fraction of a CPU lets 8 of them share 2 cores.
+DEFAULT_DP_WORKER_NUM_CPUS = 0.25
+
+
+class DPWorker:
+    """The actor: a ``GradientWorker`` plus the emulated death. ``configure`` (re)builds the worker, so
+    one pool of actors serves several runs (starting an actor costs seconds; configuring it does not)."""
+
+    def __init__(self) -> None:
+        self.worker: GradientWorker | None = None
+
+    def configure(self, worker_id: int, *args: Any, **kwargs: Any) -> int:
+        """Become worker ``worker_id`` (args/kwargs as ``GradientWorker``); any step of a previous
+        configuration still sleeping is cut short."""
+        if self.worker is not None:
+            self.worker.announce(2**62)
+        self.worker = GradientWorker(worker_id, *args, **kwargs)
+        return worker_id
+
+    def run(self, step: int, params: Tensor, task: WorkerTask, *old_params: Tensor) -> tuple[Tensor, WorkerReply]:
+        worker = self.worker
+        if worker is None:
+            raise UsageError("DPWorker.run before configure(): the runtime configures every worker first")
+        if worker.dies_at(step):
+            os._exit(1)  # EMULATED death: the process goes away mid-step, as a crashed node's would
+        return worker.run(step, params, task, *old_params)
+
+    def stop(self) -> None:
+        """Cut short whatever step is sleeping (the run is over)."""
+        if self.worker is not None:
+            self.worker.announce(2**62)
+
+
+DPWorkerActor = ray.remote(DPWorker)
+
+
+def dp_worker_name(prefix: str, worker: int) -> str:
+    return f"{prefix}-dp-worker{worker}"
+
+
+def launch_dp_worker(index: int, *, name_prefix: str | None = None,
+                     num_cpus: float = DEFAULT_DP_WORKER_NUM_CPUS) -> Any:
+    """Start one (unconfigured) worker actor and return its handle; ``configure`` gives it a worker id,
+    model and partitions."""
+    options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 4}
+    if name_prefix is not None:
+        options["name"] = dp_worker_name(name_prefix, index)
+    return DPWorkerActor.options(**options).remote()

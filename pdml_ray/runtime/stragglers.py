@@ -1,0 +1,217 @@
+"""Straggler-tolerant data parallelism on Ray worker actors: the aggregator's loop.
+
+Each step the aggregator publishes the parameters once (``ray.put``), sends every alive worker its
+task from the policy (with the parameter refs it needs, never copies), and waits with ``ray.wait`` on
+the small replies, in arrival order, until ``policy.ready``; then it fetches only the messages the
+policy's ``Combination`` uses, sums them in float64, takes an SGD step and publishes again.
+
+- **Late results never pile up.** A worker gets a new task only by being sent the next step, and the
+  next step's call cuts the old one short inside the worker (``pdml_ray.actors.dp_worker``): the
+  old call returns a ``cancelled`` reply at once and commits nothing. Replies tagged with an older
+  step are dropped.
+- **Deaths are noticed, never waited on.** A call that fails with ``RayActorError`` marks its worker
+  dead; the policy's ``feasible`` says whether the survivors can still complete steps. Beyond what
+  the policy tolerates, and after ``step_timeout_s`` without enough results, the run stops as
+  stalled (``RunResult.stalled`` names the dead or missing workers; ``on_stall="raise"`` raises
+  ``StragglerStallError`` instead).
+- **Telemetry**: every reply carries a ``WorkerReport`` (samples, compute_s with the emulated sleep,
+  loss, grad_norm); the records keep them all, and a scheduler actor (``create_scheduler``, or any
+  actor with ``report(list[WorkerReport])``) passed as ``scheduler`` receives the completed ones
+  (not the cut-short ones) fire-and-forget, once per step.
+
+Timing: ``step_time_s`` runs from publishing the parameters to the updated parameters. The full
+loss and full gradient (for the figures: time to target, gradient cosine) are computed on the
+aggregator's own model copy after that, outside the timed step. Compute times are EMULATED when
+``per_sample_s`` > 0 (the workers sleep samples x per_sample_s x the straggler model's factor after
+their real forward/backward).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import ray
+import torch
+from ray.exceptions import RayActorError
+from torch import Tensor, nn
+
+from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, launch_dp_worker
+from pdml_ray.config.stragglers import StragglerConfig
+from pdml_ray.decisions import WorkerReport
+from pdml_ray.errors import ConfigError, PDMLError, UsageError
+from pdml_ray.stragglers.delays import NoStragglers, StragglerModel
+from pdml_ray.stragglers.policy import Arrival, StragglerPolicy, combine_messages
+from pdml_ray.stragglers.problem import worker_partitions
+from pdml_ray.stragglers.registry import make_policy
+from pdml_ray.stragglers.run import FullObjective, RunResult, StepRecord, cosine
+from pdml_ray.stragglers.worker import LossFn, WorkerReply
+
+
+class StragglerStallError(PDMLError, RuntimeError):
+    """Training cannot continue: workers the policy needs are dead or did not answer in time."""
+
+
+class WorkerPool:
+    """Worker actors kept across runs: ``StragglerRuntime`` configures the first ``n`` for its policy,
+    and dead ones are replaced before the next run. Starting 8 actors costs seconds on 2 cores."""
+
+    def __init__(self, num_cpus_per_worker: float = DEFAULT_DP_WORKER_NUM_CPUS, name_prefix: str | None = None) -> None:
+        self.num_cpus_per_worker, self.name_prefix = num_cpus_per_worker, name_prefix
+        self.actors: list[Any] = []
+        self._launched = 0
+
+    def take(self, n: int) -> list[Any]:
+        """``n`` live actors (launching or replacing as needed)."""
+        needed, total = n * self.num_cpus_per_worker, ray.cluster_resources().get("CPU", 0.0)
+        if needed > total:  # the actors would wait for resources forever
+            raise ConfigError(f"{n} workers x num_cpus_per_worker={self.num_cpus_per_worker} need {needed:g} CPUs "
+                              f"but the Ray cluster has {total:g}; lower num_cpus_per_worker")
+        while len(self.actors) < n:
+            self.actors.append(self._launch())
+        return self.actors[:n]
+
+    def replace(self, index: int) -> None:
+        """Replace actor ``index`` (it died)."""
+        ray.kill(self.actors[index])
+        self.actors[index] = self._launch()
+
+    def _launch(self) -> Any:
+        self._launched += 1
+        return launch_dp_worker(self._launched - 1, name_prefix=self.name_prefix, num_cpus=self.num_cpus_per_worker)
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+
+
+class StragglerRuntime:
+    """``policy.num_workers`` worker actors over (x, y) cut into ``policy.num_partitions`` partitions."""
+
+    def __init__(self, policy: StragglerPolicy, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, *,
+                 lr: float, l2: float = 0.0, straggler_model: StragglerModel | None = None,
+                 per_sample_s: float = 0.0, step_timeout_s: float = 30.0,
+                 num_cpus_per_worker: float = DEFAULT_DP_WORKER_NUM_CPUS, scheduler: Any = None,
+                 pool: WorkerPool | None = None) -> None:
+        if not ray.is_initialized():
+            raise UsageError("StragglerRuntime needs a running Ray cluster: call ray.init() first")
+        if not (step_timeout_s > 0 and lr > 0):
+            raise ConfigError(f"step_timeout_s ({step_timeout_s!r}) and lr ({lr!r}) must be > 0")
+        self.policy, self.lr, self.step_timeout_s = policy, lr, step_timeout_s
+        self.straggler_model: StragglerModel = straggler_model or NoStragglers()
+        self.scheduler = scheduler
+        self.model = model
+        self.evaluate = FullObjective(model, loss_fn, x, y, l2)
+        self._own_pool = pool is None
+        self.pool = pool if pool is not None else WorkerPool(num_cpus_per_worker)
+        self._actors = self.pool.take(policy.num_workers)
+        ray.get([a.configure.remote(w, model, loss_fn, held, l2=l2, straggler_model=self.straggler_model,
+                                    per_sample_s=per_sample_s, num_threads=1)
+                 for w, (a, held) in enumerate(zip(self._actors, worker_partitions(policy, x, y)))],
+                timeout=120)  # fail fast if one cannot start
+
+    @classmethod
+    def from_config(cls, config: StragglerConfig, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, *,
+                    l2: float = 0.0, straggler_model: StragglerModel | None = None, **kwargs: Any) -> StragglerRuntime:
+        """The runtime a ``StragglerConfig`` describes (policy by name, lr, timeout, emulated compute)."""
+        policy = make_policy(config.policy, workers=config.workers, stragglers=config.stragglers, seed=config.code_seed)
+        return cls(policy, model, loss_fn, x, y, lr=config.lr, l2=l2, straggler_model=straggler_model,
+                   per_sample_s=config.per_sample_ms / 1e3, step_timeout_s=config.step_timeout_s, **kwargs)
+
+    def shutdown(self) -> None:
+        """Stop this runtime's workers: kill them if it launched its pool, else cut their steps short and
+        replace the dead ones, so the pool serves the next run."""
+        if self._own_pool:
+            self.pool.shutdown()
+            return
+        for i, a in enumerate(self._actors):
+            try:
+                ray.get(a.stop.remote(), timeout=30)
+            except RayActorError:
+                self.pool.replace(i)
+
+    def train(self, steps: int, *, on_stall: Literal["report", "raise"] = "report") -> RunResult:
+        """Run ``steps`` steps from the model's current parameters; returns every step's record."""
+        policy = self.policy
+        params = nn.utils.parameters_to_vector(self.model.parameters()).detach().to(torch.float32).clone()
+        loss, full = self.evaluate(params)
+        initial = loss
+        records: list[StepRecord] = []
+        history: dict[int, ray.ObjectRef] = {}  # step -> published parameters (catch-up reads old ones)
+        pending: dict[ray.ObjectRef, tuple[int, int, ray.ObjectRef]] = {}  # reply ref -> (worker, step, message ref)
+        dead: dict[int, int] = {}  # worker -> step at which its death was noticed
+        stalled: str | None = None
+        for step in range(steps):
+            alive = frozenset(range(policy.num_workers)) - set(dead)
+            if not policy.feasible(alive):
+                stalled = self._death_note(dead, step)
+                break
+            t0 = time.perf_counter()
+            history[step] = ray.put(params)
+            for old in [s for s in history if s < step - policy.s - 2]:
+                del history[old]
+            tasks = {w: policy.task(w, step) for w in sorted(alive)}
+            for w, task in tasks.items():
+                msg_ref, reply_ref = self._actors[w].run.options(num_returns=2).remote(
+                    step, history[step], task, *[history[s] for s in task.param_steps])
+                pending[reply_ref] = (w, step, msg_ref)
+            arrivals: dict[int, Arrival] = {}
+            message_refs: dict[int, ray.ObjectRef] = {}
+            reports: list[WorkerReport] = []
+            measured: list[WorkerReport] = []
+            while not policy.ready(step, arrivals, alive):
+                if not policy.feasible(alive):
+                    stalled = self._death_note(dead, step)
+                    break
+                if not any(s == step for _, s, _ in pending.values()):
+                    stalled = f"step {step}: every alive worker answered and {policy.describe()} is still not ready"
+                    break
+                remaining = t0 + self.step_timeout_s - time.perf_counter()
+                done, rest = ray.wait(list(pending), num_returns=1, timeout=max(remaining, 0.0))
+                if done and rest:  # whatever else has already arrived, in one go
+                    done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+                if not done:
+                    waiting = sorted(w for w, s, _ in pending.values() if s == step)
+                    stalled = (f"step {step}: timed out after {self.step_timeout_s:g} s waiting for workers {waiting}"
+                               f"{'; ' + self._death_note(dead, step) if dead else ''}")
+                    break
+                for ref in done:
+                    w, s, msg_ref = pending.pop(ref)
+                    try:
+                        reply: WorkerReply = ray.get(ref)
+                    except RayActorError:
+                        dead.setdefault(w, step)
+                        alive = alive - {w}
+                        continue
+                    reports.append(reply.report)
+                    if not reply.cancelled:  # a cut-short step's compute_s is not a throughput sample
+                        measured.append(reply.report)
+                    if s == step and not reply.cancelled:
+                        arrivals[w] = reply.arrival
+                        message_refs[w] = msg_ref
+            if stalled:
+                break
+            combination = policy.combine(step, list(arrivals.values()))
+            used = [w for w, _ in combination.weights]
+            messages = dict(zip(used, ray.get([message_refs[w] for w in used])))
+            gradient = combine_messages(combination, messages)
+            params = params - self.lr * gradient.to(torch.float32)
+            step_time = time.perf_counter() - t0
+            # outside the timed step: the figures' full loss and gradient, and the telemetry
+            grad_cos = cosine(gradient, full)
+            loss, full = self.evaluate(params)
+            if self.scheduler is not None and measured:
+                self.scheduler.report.remote(measured)
+            records.append(StepRecord(step, step_time, loss, grad_cos, combination,
+                                      tuple(t.partitions_computed for t in tasks.values()), tuple(arrivals),
+                                      tuple(sorted(dead)), tuple(reports)))
+        nn.utils.vector_to_parameters(params, self.model.parameters())
+        if stalled and on_stall == "raise":
+            raise StragglerStallError(f"{policy.describe()} stalled: {stalled}")
+        return RunResult(policy.name, self.straggler_model.label, tuple(records), stalled, initial, params)
+
+    def _death_note(self, dead: dict[int, int], step: int) -> str:
+        named = ", ".join(f"worker {w} (noticed at step {s})" for w, s in sorted(dead.items()))
+        return (f"{named or 'no worker'} died; {self.policy.describe()} cannot complete step {step} "
+                f"with the {self.policy.num_workers - len(dead)} survivors")

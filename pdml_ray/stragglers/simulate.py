@@ -1,0 +1,72 @@
+"""Straggler-tolerant training on a simulated clock, without Ray: the same policies and the same
+worker logic as the Ray runtime, with each worker's step finishing at its EMULATED compute time.
+
+Per step every alive worker gets the policy's task at time 0 of the step and finishes after
+``samples x per_sample_s x factor(worker, step)``; results arrive in that order, each committed as it
+arrives (as the Ray worker commits when its sleep ends), until ``policy.ready``; the rest are cut off
+and commit nothing (their partial work is kept for a resume), exactly like a cancelled step on Ray.
+A worker past its death step never answers; when ``policy.feasible`` says the survivors cannot
+complete a step, the run stops as stalled, naming the dead workers. Deterministic: unit tests compare policies with it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from pdml_ray.errors import ConfigError
+from pdml_ray.stragglers.policy import Arrival, StragglerPolicy, combine_messages
+from pdml_ray.stragglers.run import Evaluator, RunResult, StepRecord, cosine
+from pdml_ray.stragglers.worker import GradientWorker
+
+
+def simulate(policy: StragglerPolicy, workers: Sequence[GradientWorker], params: Tensor, *, lr: float, steps: int,
+             evaluate: Evaluator | None = None, label: str = "") -> RunResult:
+    """Train ``steps`` SGD steps (``params -= lr * combined gradient``) from flat ``params``."""
+    if len(workers) != policy.num_workers:
+        raise ConfigError(f"{policy.name} needs {policy.num_workers} workers, got {len(workers)}")
+    params = params.detach().to(torch.float32).clone()
+    loss, full = evaluate(params) if evaluate else (math.nan, None)
+    initial = loss
+    records: list[StepRecord] = []
+    history: dict[int, Tensor] = {}  # step -> parameters published at it (catch-up reads them)
+    dead: set[int] = set()
+    stalled = None
+    for step in range(steps):
+        dead |= {w.worker_id for w in workers if w.dies_at(step)}
+        alive = frozenset(w.worker_id for w in workers) - dead
+        if not policy.feasible(alive):
+            stalled = f"worker(s) {sorted(dead)} died by step {step}; {policy.describe()} cannot complete a step without them"
+            break
+        history[step] = params
+        tasks = {w: policy.task(w, step) for w in sorted(alive)}
+        pending = {w: workers[w].compute(step, params, tasks[w], {s: history[s] for s in tasks[w].param_steps})
+                   for w in tasks}
+        finish = {w: workers[w].emulated_delay_s(step, pending[w].work_samples) for w in tasks}
+        arrivals: dict[int, Arrival] = {}
+        messages: dict[int, Tensor] = {}
+        step_time = 0.0
+        for w in sorted(tasks, key=lambda w: (finish[w], w)):
+            messages[w], reply = workers[w].commit(pending[w], finish[w])
+            arrivals[w] = reply.arrival
+            step_time = finish[w]
+            if policy.ready(step, arrivals, alive):
+                break
+        else:
+            stalled = f"step {step}: all {len(tasks)} alive workers answered and {policy.describe()} is still not ready"
+            break
+        for w in tasks:
+            if w not in arrivals:  # cut short at step_time: keep what it had done, as on Ray
+                workers[w].cut(pending[w], step_time / finish[w] if finish[w] > 0 else 1.0)
+        combination = policy.combine(step, list(arrivals.values()))
+        gradient = combine_messages(combination, messages)
+        grad_cos = cosine(gradient, full) if full is not None else math.nan
+        params = params - lr * gradient.to(torch.float32)
+        loss, full = evaluate(params) if evaluate else (math.nan, None)
+        records.append(StepRecord(step, step_time, loss, grad_cos, combination,
+                                  tuple(t.partitions_computed for t in tasks.values()),
+                                  tuple(arrivals), tuple(sorted(dead))))
+    return RunResult(policy.name, label, tuple(records), stalled, initial, params)
