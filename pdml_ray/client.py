@@ -1,7 +1,10 @@
 """Worker-side access to the scheduler that never blocks a training step (no Ray here).
 
-The logic: reports go fire-and-forget; rank 0 keeps at most one bundle request in flight and polls
-it with a zero timeout at step boundaries; if the scheduler is dead or restarting, calls fail
+The logic: reports go fire-and-forget, with at most ``MAX_REPORT_CALLS_IN_FLIGHT`` calls pending: while
+that many are, new reports wait in a bounded local buffer and travel with the next call (coalesced),
+and beyond ``MAX_BUFFERED_REPORTS`` the oldest are dropped and counted, so a slow scheduler can never
+pile up work or memory; rank 0 keeps at most one bundle request in flight and polls it with a zero
+timeout at step boundaries; if the scheduler is dead or restarting, calls fail
 quietly, the caller keeps its last decisions, and the scheduler is looked up again at a later
 boundary. How calls travel is a ``Transport``: ``pdml_ray.actors.scheduler.RayTransport`` (a named
 Ray actor) in training, ``LocalTransport`` (a ``Scheduler`` in this process) for a single process
@@ -18,6 +21,11 @@ from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
 from pdml_ray.errors import SchedulerUnavailableError
 
 log = logging.getLogger(__name__)
+
+MAX_REPORT_CALLS_IN_FLIGHT = 4
+"""Report calls a worker may have pending at the scheduler before it holds new reports back."""
+MAX_BUFFERED_REPORTS = 10_000
+"""Reports a worker holds back at most (the oldest beyond are dropped and counted in ``reports_dropped``)."""
 
 
 class Transport(Protocol):
@@ -65,7 +73,11 @@ class SchedulerClient:
         self.transport = transport
         self._connected = transport.connect(connect_timeout_s)
         self._pending: Any = None  # the bundle request in flight (rank 0 only)
+        self._report_calls: list[Any] = []  # report calls in flight
+        self._held: list[WorkerReport] = []  # reports held back while MAX_REPORT_CALLS_IN_FLIGHT are pending
         self.failures = 0
+        self.reports_dropped = 0  # held back beyond MAX_BUFFERED_REPORTS, or sent to an unreachable scheduler
+        self.reports_coalesced = 0  # reports that waited for a later call (the scheduler was behind)
 
     @property
     def available(self) -> bool:
@@ -105,10 +117,36 @@ class SchedulerClient:
     def set_dataset_size(self, num_samples: int) -> None:
         self._startup_call("set_dataset_size", num_samples)
 
-    def report(self, reports: list[WorkerReport]) -> None:
-        """Fire-and-forget; a dead scheduler loses these reports, never the training step."""
-        if reports:
-            self._send("report", reports)
+    def report(self, reports: list[WorkerReport], flush: bool = False) -> None:
+        """Fire-and-forget, bounded: a dead scheduler loses these reports (counted), never the training
+        step. ``flush`` (the end of training, a checkpoint) first waits up to 30 s for the calls in
+        flight, so nothing held back is left behind."""
+        self._held.extend(reports)
+        if not self._held:
+            return
+        # one caller's calls to the actor finish in order: check from the oldest, stop at the first pending
+        while self._report_calls and self._done(self._report_calls[0], 30.0 if flush else 0.0):
+            self._report_calls.pop(0)
+        if len(self._report_calls) >= MAX_REPORT_CALLS_IN_FLIGHT:
+            self.reports_coalesced += len(reports)
+            overflow = len(self._held) - MAX_BUFFERED_REPORTS
+            if overflow > 0:
+                del self._held[:overflow]
+                self.reports_dropped += overflow
+                log.warning("the pdml-ray scheduler is behind: %d reports dropped so far", self.reports_dropped)
+            return
+        held, self._held = self._held, []
+        pending = self._send("report", held)
+        if pending is None:
+            self.reports_dropped += len(held)
+        else:
+            self._report_calls.append(pending)
+
+    def _done(self, pending: Any, timeout_s: float) -> bool:
+        try:
+            return self.transport.ready(pending, timeout_s)
+        except SchedulerUnavailableError:
+            return True
 
     def record_measurement(self, name: str, value: float) -> None:
         self._send("record_measurement", name, value)

@@ -4,6 +4,7 @@ the ``RayTransport`` workers reach it through (``pdml_ray.client.SchedulerClient
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -19,47 +20,115 @@ from pdml_ray.metrics import PriorityGauges
 from pdml_ray.scheduler import Scheduler, SchedulerStats
 
 
+EXPORT_INTERVAL_S = 1.0
+"""Metrics are exported at most this often (setting ~25 gauges per worker costs milliseconds: doing it
+on every call capped the actor at a few hundred calls per second)."""
+
+
+REPORT_CHUNK = 256
+"""Reports ingested per hold of the state lock (about a millisecond's work)."""
+
+
 class MeteredScheduler(Scheduler):
-    """Scheduler whose every state change is exported to the Ray dashboard's metrics."""
+    """The ``Scheduler`` as an actor: its stats exported to the Ray dashboard's metrics (at most every
+    ``EXPORT_INTERVAL_S``), reports and decisions served on separate threads (Ray concurrency groups)
+    so a decision never waits behind a queue of reports, and one lock around the state."""
 
     def __init__(self, config: PDMLConfig, num_workers: int):
         super().__init__(config, num_workers)
+        self._lock = threading.RLock()
         self.gauges = PriorityGauges(config.scheduler_name or "pdml-scheduler")
         self.registered: set[int] = set()
         self._cpu0 = time.process_time()
         self._cpu_marks: deque[tuple[int, float]] = deque(maxlen=2000)  # (last step, process CPU s) per report
+        self._exported_at = -float("inf")
 
     def register(self, worker_id: int, accelerator_type: str) -> None:
-        super().register(worker_id, accelerator_type)
-        self.registered.add(worker_id)
-        self._export()
+        with self._lock:
+            super().register(worker_id, accelerator_type)
+            self.registered.add(worker_id)
+            self._export(force=len(self.registered) == self.num_workers)
 
-    def report(self, reports: list[WorkerReport]) -> None:
-        super().report(reports)  # exported at the boundary's bundle: once per interval, not per worker
-        self._cpu_marks.append((self.last_step, time.process_time() - self._cpu0))
+    @ray.method(concurrency_group="reports")
+    def report(self, reports: list[WorkerReport]) -> None:  # type: ignore[override]  # ray.method's stub
+        # in chunks, releasing the lock between them: a decision waits for one chunk at most, however
+        # many reports a client coalesced into this call
+        for start in range(0, len(reports), REPORT_CHUNK):
+            with self._lock:
+                super().report(reports[start:start + REPORT_CHUNK])
+        with self._lock:
+            self._cpu_marks.append((self.last_step, time.process_time() - self._cpu0))
+            self._export()
 
-    def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:
-        bundle = super().bundle(boundary, since)
-        self._export()
-        return bundle
+    @ray.method(concurrency_group="decisions")
+    def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:  # type: ignore[override]
+        with self._lock:
+            bundle = super().bundle(boundary, since)
+            self._export(force=bool(bundle))
+            return bundle
 
     def stats(self) -> SchedulerStats:
-        return dataclasses.replace(super().stats(), process_cpu_s=time.process_time() - self._cpu0,
-                                   process_cpu_marks=tuple(self._cpu_marks))
+        with self._lock:
+            return dataclasses.replace(super().stats(), process_cpu_s=time.process_time() - self._cpu0,
+                                       process_cpu_marks=tuple(self._cpu_marks))
 
-    def _export(self) -> None:
+    def record_measurement(self, name: str, value: float) -> None:
+        with self._lock:
+            super().record_measurement(name, value)
+
+    def set_dataset_size(self, num_samples: int) -> None:
+        with self._lock:
+            super().set_dataset_size(num_samples)
+
+    def decision_history(self, name: str = "node") -> list[dict[str, Any]]:
+        with self._lock:
+            return super().decision_history(name)
+
+    def telemetry(self) -> dict[str, Any]:
+        with self._lock:
+            return super().telemetry()
+
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return super().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            super().load_state_dict(state)
+
+    def _export(self, force: bool = False) -> None:
         # per-worker series are tagged by accelerator type: export once every worker has said its type
         # (or reports arrive, e.g. after a restart), so no series carries a placeholder type
+        now = time.monotonic()
+        if not force and now - self._exported_at < EXPORT_INTERVAL_S:
+            return
         if len(self.registered) == self.num_workers or self.reports_received:
             self.gauges.export(self.stats())
+            self._exported_at = now
 
+    @ray.method(concurrency_group="decisions")
     def ping(self) -> bool:
         return True
+
+    def memory_rss_mb(self) -> float:
+        """Resident memory of the actor's process (MB; Linux /proc, else the peak from getrusage)."""
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # num_cpus=0: the scheduler must never take a CPU slot from a training worker.
 # max_restarts=-1: if it dies, Ray restarts it; training goes on with the last decision meanwhile.
-SchedulerActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(MeteredScheduler)
+# Reports and decisions (bundles, pings) each have a thread; everything else shares the default one.
+SchedulerActor = ray.remote(  # type: ignore[call-overload]  # the stub lacks concurrency_groups
+    num_cpus=0, max_restarts=-1, max_task_retries=0, concurrency_groups={"reports": 1, "decisions": 1})(MeteredScheduler)
 
 
 def create_scheduler(config: PDMLConfig, num_workers: int) -> Any:

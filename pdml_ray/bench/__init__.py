@@ -8,5 +8,6 @@ BENCHMARKS: dict[str, str] = {
     "hetero": "pdml_ray.bench.hetero",
     "sampling": "pdml_ray.bench.sampling",
     "pipeline": "pdml_ray.bench.pipeline",
+    "scheduler": "pdml_ray.bench.scheduler",
     "stragglers": "pdml_ray.bench.stragglers",
 }

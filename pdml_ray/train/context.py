@@ -443,7 +443,7 @@ class PDMLContext:
         for step, span_s in self._timer.collect(block=True):
             self._report_timed(step, span_s)
         if self.client is not None:
-            self.client.report(self._reports)
+            self.client.report(self._reports, flush=True)
         self._reports = []
 
 

@@ -21,6 +21,10 @@ from pdml_ray.scheduler import Scheduler
 from pdml_ray.train.context import PDMLContext
 
 
+class BundleAnswer(tuple):
+    """A pending bundle answer (the only calls this transport makes late)."""
+
+
 class TwoWorkers(LocalTransport):
     """Rank 0's calls go to the scheduler; each report flush also brings worker 1's reports. With
     ``late``, bundle answers arrive only at the boundary after the one they were asked for, half the time."""
@@ -36,9 +40,12 @@ class TwoWorkers(LocalTransport):
             mine = args[0]
             self.scheduler.report([WorkerReport(worker_id=1, step=r.step, samples=r.samples,
                                                 compute_s=r.compute_s / factor) for r in mine])
-        return super().submit(method, *args)
+        pending = super().submit(method, *args)
+        return BundleAnswer(pending) if method == "bundle" else pending
 
     def ready(self, pending, timeout_s):
+        if not isinstance(pending, BundleAnswer):  # reports are never late
+            return True
         self.polls += 1
         return not (self.late and self.polls % 4 in (1, 2))
 

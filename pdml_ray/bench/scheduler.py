@@ -1,0 +1,231 @@
+"""``pdml-ray bench scheduler``: does the scheduler actor hold the load of a large cluster?
+
+Simulated workers (``--workers``, default 256) report to a real scheduler actor through the real
+worker-side client (``SchedulerClient`` over ``RayTransport``: fire-and-forget calls, at most
+``MAX_REPORT_CALLS_IN_FLIGHT`` pending per worker, later reports coalesced into the next call), from a
+few load-generator actors. Three phases, one run:
+
+1. **paced** (``--hz``, default 10 steps/s per worker, reports flushed every ``decision_interval``
+   steps as the training client flushes them): a prober plays rank 0 and asks for a decision bundle
+   every 100 ms, timing each round trip while reports flow; the actor's resident memory is read at
+   the start and the end of the phase (``--duration`` seconds, default 60, quick 15).
+2. **saturated**: every simulated worker reports as fast as its client lets it; the sustained rate is
+   the scheduler's own count of accepted reports over the phase.
+3. **plain class**: the same reports straight into an in-process ``Scheduler`` (no Ray), for reference.
+
+The workers are simulated (their reports are generated, not measured), the actor, Ray's calls and the
+scheduler's work are real. The load generators share the machine's cores with the actor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+DESCRIPTION = "the scheduler actor under a large simulated cluster's reports: throughput, decision latency, memory"
+SIMULATED_NOTE = ("workers are SIMULATED (generated reports, no training); the scheduler actor, Ray's calls and "
+                  "the worker-side client are real")
+TARGETS = {"reports_per_s": 20_000, "decision_latency_p99_s": 0.020, "rss_growth_fraction": 0.05}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=256, help="simulated workers (default 256)")
+    parser.add_argument("--hz", type=float, default=10.0, help="steps per second per worker in the paced phase (default 10)")
+    parser.add_argument("--duration", type=float, default=None, help="seconds of the paced phase (default 60, quick 15)")
+    parser.add_argument("--generators", type=int, default=2, help="load-generator actors (default 2)")
+
+
+def _config(workers: int, name: str) -> Any:
+    from pdml_ray.config import NodePriorityConfig, PDMLConfig
+
+    return PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=max(workers * 64, workers)),
+                      scheduler_name=name, namespace="pdml-bench")
+
+
+def _reports(worker_ids: range, step: int, rng: np.random.Generator) -> dict[int, Any]:
+    from pdml_ray.decisions import WorkerReport
+
+    noise = rng.normal(1.0, 0.05, len(worker_ids))
+    return {w: WorkerReport(worker_id=w, step=step, samples=64, compute_s=0.1 * float(max(n, 0.5)), step_s=0.11,
+                            loss=1.0) for w, n in zip(worker_ids, noise)}
+
+
+class LoadGenerator:
+    """Some simulated workers, each with its own real ``SchedulerClient``: reports every step, flushed
+    every ``interval`` steps, at ``hz`` steps per second (0: as fast as the clients let them)."""
+
+    def __init__(self, name: str, namespace: str, worker_ids: range, interval: int, seed: int) -> None:
+        from pdml_ray.actors.scheduler import RayTransport
+        from pdml_ray.client import SchedulerClient
+
+        self.worker_ids, self.interval = worker_ids, interval
+        self.clients = {w: SchedulerClient(RayTransport(name, namespace)) for w in worker_ids}
+        self.pending: dict[int, list[Any]] = {w: [] for w in worker_ids}
+        self.rng = np.random.default_rng(seed)
+        self.step = 0
+
+    def run(self, seconds: float, hz: float) -> dict[str, int]:
+        end = time.monotonic() + seconds
+        t_next = time.monotonic()
+        sent = 0
+        while time.monotonic() < end:
+            for w, r in _reports(self.worker_ids, self.step, self.rng).items():
+                self.pending[w].append(r)
+            self.step += 1
+            if self.step % self.interval == 0:
+                for w, client in self.clients.items():
+                    client.report(self.pending[w])
+                    sent += len(self.pending[w])
+                    self.pending[w] = []
+            if hz > 0:
+                t_next += 1.0 / hz
+                time.sleep(max(0.0, t_next - time.monotonic()))
+        return {"generated": sent, "dropped": sum(c.reports_dropped for c in self.clients.values()),
+                "coalesced": sum(c.reports_coalesced for c in self.clients.values())}
+
+
+def _probe(handle: Any, seconds: float, workers: int, interval: int) -> list[float]:
+    """Play rank 0: ask for a bundle every 100 ms and time each round trip."""
+    import ray
+
+    from pdml_ray.decisions import Boundary
+
+    latencies, step, end = [], 0, time.monotonic() + seconds
+    sizes = (64,) * workers
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        ray.get(handle.bundle.remote(Boundary(step, interval, sizes), {"node": 0}))
+        latencies.append(time.perf_counter() - t0)
+        step += interval
+        time.sleep(max(0.0, 0.1 - (time.perf_counter() - t0)))
+    return latencies
+
+
+def _plain_class(workers: int, interval: int, seconds: float, seed: int) -> dict[str, float]:
+    """The in-process ``Scheduler``: reports/s of ``report`` and the time of ``bundle``."""
+    from pdml_ray.decisions import Boundary
+    from pdml_ray.scheduler import Scheduler
+
+    scheduler = Scheduler(_config(workers, "plain"), workers)
+    rng = np.random.default_rng(seed)
+    step, ingested, busy, bundle_s = 0, 0, 0.0, []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        batch = [r for s in range(step, step + interval) for r in _reports(range(workers), s, rng).values()]
+        t0 = time.perf_counter()
+        for w in range(workers):  # one call per worker, as the actor gets them
+            scheduler.report(batch[w::workers])
+        busy += time.perf_counter() - t0
+        ingested += len(batch)
+        step += interval
+        t0 = time.perf_counter()
+        scheduler.bundle(Boundary(step, interval, (64,) * workers), {"node": 0})
+        bundle_s.append(time.perf_counter() - t0)
+    return {"reports_per_s": ingested / busy, "bundle_p50_s": float(np.percentile(bundle_s, 50)),
+            "bundle_p99_s": float(np.percentile(bundle_s, 99))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    from pdml_ray.actors.scheduler import create_scheduler
+    from pdml_ray.bench.common import finish, print_table
+    from pdml_ray.errors import UsageError
+
+    if args.device != "cpu":
+        raise UsageError("bench scheduler runs no model: --device cuda does not apply (use --device cpu)")
+    if args.workers < 1 or args.generators < 1 or not (args.hz > 0) or (args.duration is not None and not args.duration > 0):
+        raise UsageError("--workers and --generators must be >= 1, --hz and --duration > 0")
+    duration = args.duration or (15.0 if args.quick else 60.0)
+    saturate_s = 8.0 if args.quick else 20.0
+    interval = _config(args.workers, "x").node_priority.decision_interval
+    print(f"bench scheduler: {args.workers} workers at {args.hz:g} steps/s, reports flushed every {interval} steps; "
+          f"{SIMULATED_NOTE}", flush=True)
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=max(2, args.generators + 1), include_dashboard=False, log_to_driver=False)
+    name = f"pdml-bench-scheduler-{time.time_ns()}"
+    try:
+        handle = create_scheduler(_config(args.workers, name), args.workers)
+        ray.get([handle.register.remote(w, "CPU") for w in range(args.workers)])
+        generator: Any = ray.remote(num_cpus=0)(LoadGenerator)
+        share = -(-args.workers // args.generators)
+        fleets: list[Any] = [generator.remote(name, "pdml-bench", range(i, min(i + share, args.workers)), interval, args.seed + i)
+                  for i in range(0, args.workers, share)]
+
+        cpu: list[float] = []
+
+        def received() -> tuple[float, int]:
+            stats = ray.get(handle.stats.remote())
+            cpu.append(stats.process_cpu_s)
+            return time.monotonic(), stats.reports_received
+
+        print(f"phase 1/3: paced load for {duration:g} s, probing decision latency ...", flush=True)
+        rss_start = ray.get(handle.memory_rss_mb.remote())
+        t0, n0 = received()
+        runs = [f.run.remote(duration, args.hz) for f in fleets]
+        latencies = _probe(handle, duration, args.workers, interval)
+        paced = ray.get(runs)
+        t1, n1 = received()
+        rss_end = ray.get(handle.memory_rss_mb.remote())
+        print(f"phase 2/3: saturated for {saturate_s:g} s ...", flush=True)
+        runs = [f.run.remote(saturate_s, 0.0) for f in fleets]
+        saturated_latencies = _probe(handle, saturate_s, args.workers, interval)
+        saturated = ray.get(runs)
+        t3, n3 = received()
+        time.sleep(1.0)  # what was in flight when the generators stopped
+        t4, n4 = received()
+    finally:
+        if started_here:
+            ray.shutdown()
+    print("phase 3/3: the plain class in this process ...", flush=True)
+    plain = _plain_class(args.workers, interval, 5.0 if args.quick else 15.0, args.seed)
+
+    offered = sum(p["generated"] for p in paced) / duration
+    result: dict[str, Any] = {
+        "workers": args.workers, "hz": args.hz, "flush_interval_steps": interval, "duration_s": duration,
+        "offered_reports_per_s": offered,
+        "paced_reports_per_s": (n1 - n0) / (t1 - t0),
+        "reports_per_s": (n4 - n1) / (t4 - t1),
+        "decision_latency_p50_s": float(np.percentile(latencies, 50)),
+        "decision_latency_p99_s": float(np.percentile(latencies, 99)),
+        "saturated_decision_latency_p99_s": float(np.percentile(saturated_latencies, 99)),
+        "decision_probes": len(latencies),
+        "actor_cpu_fraction_paced": (cpu[1] - cpu[0]) / (t1 - t0),
+        "actor_cpu_fraction_saturated": (cpu[3] - cpu[1]) / (t4 - t1),
+        "rss_mb_start": rss_start, "rss_mb_end": rss_end,
+        "reports_dropped": sum(p["dropped"] for p in paced + saturated),
+        "reports_coalesced": sum(p["coalesced"] for p in paced + saturated),
+        "plain_class": plain,
+    }
+    growth = (rss_end - rss_start) / rss_start
+    result["targets"] = {
+        f"reports_per_s >= {TARGETS['reports_per_s']}": {
+            "value": result["reports_per_s"], "target": TARGETS["reports_per_s"],
+            "met": result["reports_per_s"] >= TARGETS["reports_per_s"]},
+        "decision_latency_p99_s < 0.02 while reports flow": {
+            "value": result["decision_latency_p99_s"], "target": TARGETS["decision_latency_p99_s"],
+            "met": result["decision_latency_p99_s"] < TARGETS["decision_latency_p99_s"]},
+        "memory flat (rss growth < 5% over the paced phase)": {
+            "value": growth, "target": TARGETS["rss_growth_fraction"], "met": growth < TARGETS["rss_growth_fraction"]},
+    }
+    rows = [["offered load (reports/s, paced)", offered],
+            ["accepted (reports/s, paced)", result["paced_reports_per_s"]],
+            ["sustained (reports/s, saturated)", result["reports_per_s"]],
+            ["decision latency p50 / p99 (ms), paced",
+             f"{result['decision_latency_p50_s'] * 1e3:.2f} / {result['decision_latency_p99_s'] * 1e3:.2f}"],
+            ["decision latency p99 (ms), saturated", result["saturated_decision_latency_p99_s"] * 1e3],
+            ["actor CPU (cores busy), paced / saturated",
+             f"{result['actor_cpu_fraction_paced']:.2f} / {result['actor_cpu_fraction_saturated']:.2f}"],
+            ["actor memory start / end (MB)", f"{rss_start:.1f} / {rss_end:.1f}"],
+            ["reports coalesced / dropped by clients", f"{result['reports_coalesced']} / {result['reports_dropped']}"],
+            ["plain class: reports/s", plain["reports_per_s"]],
+            ["plain class: bundle p50 / p99 (ms)", f"{plain['bundle_p50_s'] * 1e3:.2f} / {plain['bundle_p99_s'] * 1e3:.2f}"]]
+    print_table(["figure", "value"], rows, title=f"bench scheduler ({args.workers} simulated workers)")
+    for target, t in result["targets"].items():
+        print(f"  target {'met    ' if t['met'] else 'MISSED '} {target} (measured {t['value']:.4g})")
+    print(SIMULATED_NOTE)
+    return finish(args, result, emulated={"workers": "simulated", "note": SIMULATED_NOTE})

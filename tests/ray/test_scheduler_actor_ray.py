@@ -1,0 +1,30 @@
+"""The scheduler actor under load: decisions are served on their own thread, so a bundle never waits
+behind a queue of report calls (only behind the one chunk of reports being ingested)."""
+
+import time
+
+import ray
+
+from pdml_ray.actors.scheduler import create_scheduler
+from pdml_ray.config import NodePriorityConfig, PDMLConfig
+from pdml_ray.decisions import Boundary, WorkerReport
+
+
+def test_a_decision_does_not_wait_behind_a_flood_of_reports(ray_local):
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=256), scheduler_name="load-test")
+    handle = create_scheduler(config, 4)
+    ray.get([handle.register.remote(w, "CPU") for w in range(4)])
+    batch = [WorkerReport(worker_id=k % 4, step=k // 4, samples=64, compute_s=0.1) for k in range(2000)]
+    flood = [handle.report.remote(batch) for _ in range(20)]  # tens of milliseconds each, queued
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    bundle = ray.get(handle.bundle.remote(Boundary(10, 5, (64,) * 4), {"node": 0}), timeout=60)
+    latency = time.perf_counter() - t0
+    still_queued = len(ray.wait(flood, num_returns=len(flood), timeout=0)[1])
+    ray.get(flood)
+    assert still_queued > 0, "the flood finished before the bundle came back: make it longer"
+    assert bundle is not None and latency < 1.0, latency
+    stats = ray.get(handle.stats.remote())
+    assert stats.reports_received == 20 * 2000 and stats.process_cpu_s > 0
+    assert ray.get(handle.memory_rss_mb.remote()) > 10
+    ray.kill(handle)
