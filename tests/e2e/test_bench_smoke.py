@@ -17,10 +17,16 @@ FIGURES = {
                  "time_to_target_priority_s", "time_ratio", "target_metric", "control", "sumtree", "ablations",
                  "arms", "ratio_direction", "continuity_overhead_fraction", "continuity_cost_at_1e7", "targets"},
     "pipeline": {"grid", "ray"},
+    "scheduler": {"workers", "reports_per_s", "decision_latency_p50_s", "decision_latency_p99_s", "rss_mb_start",
+                  "rss_mb_end", "plain_class", "targets"},
+    "stragglers": {"workers", "stragglers", "straggler_model", "policies", "time_to_target_ratio_vs_sync", "targets"},
 }
 EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
          "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "300"],
-         "pipeline": []}
+         "pipeline": [],
+         "scheduler": ["--workers", "16", "--duration", "3"],
+         "stragglers": ["--workers", "4", "--steps", "8", "--policies", "sync,gc-fr,pgc-cr", "--per-partition-ms", "20",
+                        "--no-death-run"]}
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
