@@ -16,10 +16,11 @@ from pdml_ray.config.continuity import ContinuityConfig
 from pdml_ray.config.gradient import GradientPriorityConfig
 from pdml_ray.config.loading import load_dataclass
 from pdml_ray.config.node import DEFAULT_ACCELERATOR_PRIOR, NodePriorityConfig
+from pdml_ray.config.p3 import P3Config
 from pdml_ray.config.pdml import PDMLConfig
 from pdml_ray.config.pipeline import OspreyConfig, PipelineConfig
 from pdml_ray.config.sample import SamplePriorityConfig
 from pdml_ray.config.stragglers import StragglerConfig
 
 __all__ = ["DEFAULT_ACCELERATOR_PRIOR", "ContinuityConfig", "GradientPriorityConfig", "NodePriorityConfig", "OspreyConfig",
-           "PDMLConfig", "PipelineConfig", "SamplePriorityConfig", "StragglerConfig", "load_dataclass"]
+           "P3Config", "PDMLConfig", "PipelineConfig", "SamplePriorityConfig", "StragglerConfig", "load_dataclass"]

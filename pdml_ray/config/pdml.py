@@ -12,6 +12,7 @@ from pdml_ray.config.continuity import ContinuityConfig
 from pdml_ray.config.gradient import GradientPriorityConfig
 from pdml_ray.config.loading import load_dataclass
 from pdml_ray.config.node import NodePriorityConfig
+from pdml_ray.config.p3 import P3Config
 from pdml_ray.config.pipeline import PipelineConfig
 from pdml_ray.config.sample import SamplePriorityConfig
 from pdml_ray.errors import ConfigError
@@ -30,6 +31,9 @@ class PDMLConfig:
     continuity: ContinuityConfig = field(default_factory=ContinuityConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     """Micro-batch scheduling for the pipeline runtime (schedule name, osprey knobs, memory limit)."""
+    p3: P3Config | None = None
+    """None (the default): gradients go through DDP's hook. Set it for P3 ordering: per-slice all-reduces in
+    priority order with per-layer optimizer steps (``pdml_ray.train.p3_sync``), and the simulator's settings."""
     seed: int = 0
     """Seed of the global permutation and of every random draw the scheduler makes."""
     scheduler_name: str | None = None

@@ -145,6 +145,9 @@ def combiner_for(model: nn.Module, sync: Sync, world_size: int,
     an FSDP2 model the loss scale, a plain module is wrapped in DDP with the hook. (``sync`` is kept
     for callers that name it: 'auto' and 'ddp' do the same.)"""
     check_supported(model, sync)
+    own = getattr(model, "pdml_combiner", None)
+    if isinstance(own, GradientCombiner):  # P3 ordering: p3_sync.prepare brings its own combiner
+        return model, own
     if isinstance(model, nn.parallel.DistributedDataParallel):
         return model, DDPHook(model)
     if is_fsdp2(model):
@@ -162,4 +165,5 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def describe(combiner: Any) -> str:
     return {"ddp": "DDP with pdml-ray's weighting communication hook",
-            "fsdp": "FSDP2 (fully_shard) with the loss scaled by w_i * world_size"}.get(getattr(combiner, "name", ""), "no combination")
+            "fsdp": "FSDP2 (fully_shard) with the loss scaled by w_i * world_size",
+            "p3": "P3 ordering: per-slice all-reduces weighted b_i/B, per-layer optimizer steps"}.get(getattr(combiner, "name", ""), "no combination")

@@ -1,0 +1,73 @@
+"""P3's config: the send policy, the slice size, the credit window, ``auto`` tuning, EMULATED bandwidth.
+
+The policy name is validated against the one registry (``pdml_ray.p3.queue.QUEUES``), imported when
+a config is checked (it imports nothing from here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdml_ray.config.checks import finite, require
+
+P3_SLICE_ELEMENTS = 40_000
+"""P3's reference implementation slices at 40,000 parameters (160 KB of float32). At 10 Gb/s such a
+slice is ~130 us on the wire: a newly ready high-priority slice waits at most a credit window of such
+slices, while the per-message cost (tens of us) stays a small fraction. ``auto`` re-derives it from
+the measured link (larger on fast links, where the per-message cost would dominate)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class P3Config:
+    """Priority-based parameter propagation: gradients cut into slices and sent in the order the next
+    forward pass needs them (``pdml_ray.p3``; the all-reduce runtime is ``pdml_ray.train.p3_sync``)."""
+
+    policy: str = "p3"
+    """Send order, a name in ``pdml_ray.p3.queue.QUEUES``: ``p3`` (priority by layer in forward order,
+    preemption at slice granularity), ``fifo`` (backward order), ``bucketed`` (DDP-like 25 MB buckets;
+    the simulator and the parameter-server runtime only: for all-reduce, plain DDP is that baseline)."""
+    slice_elements: int = P3_SLICE_ELEMENTS
+    """Elements (parameters) per slice; a layer's last slice may be smaller. Slices never cross layers."""
+    credit_bytes: int | None = None
+    """Bytes in flight at most (the window that can no longer be overtaken). None: four slices' bytes."""
+    bucket_bytes: int = 25 * 1024 * 1024
+    """Bucket size of the ``bucketed`` baseline (DDP's ``bucket_cap_mb=25``)."""
+    auto: bool = False
+    """Pick ``slice_elements`` and ``credit_bytes`` from the measured (or EMULATED) bandwidth and latency
+    (``pdml_ray.p3.auto.tune``) and report the choice; the two fields above are then ignored."""
+    emulated_bandwidth_gbps: float | None = None
+    """EMULATE a link of this many Gb/s: every message is delayed to arrive when it would over it (one
+    machine then shows what a slower network would do). None: the real network, unmodified."""
+    emulated_latency_us: float = 0.0
+    """One-way latency of the EMULATED link, microseconds (pipelined across messages)."""
+    element_size: int = 4
+    """Bytes per gradient element (4: float32)."""
+
+    def __post_init__(self) -> None:
+        from pdml_ray.p3.queue import QUEUES
+
+        require(self.policy in QUEUES, f"p3.policy must be one of {sorted(QUEUES)}, got {self.policy!r}")
+        require(isinstance(self.slice_elements, int) and not isinstance(self.slice_elements, bool)
+                and self.slice_elements >= 1,
+                f"p3.slice_elements must be an integer >= 1 (P3 uses {P3_SLICE_ELEMENTS}), got {self.slice_elements!r}")
+        require(self.credit_bytes is None or (isinstance(self.credit_bytes, int) and not isinstance(self.credit_bytes, bool)
+                                              and self.credit_bytes >= 1),
+                f"p3.credit_bytes must be an integer >= 1 (bytes in flight, e.g. 640000) or None for four slices, "
+                f"got {self.credit_bytes!r}")
+        require(isinstance(self.bucket_bytes, int) and not isinstance(self.bucket_bytes, bool) and self.bucket_bytes >= 1,
+                f"p3.bucket_bytes must be an integer >= 1 (DDP uses 26214400), got {self.bucket_bytes!r}")
+        require(isinstance(self.auto, bool), f"p3.auto must be true or false, got {self.auto!r}")
+        bandwidth = self.emulated_bandwidth_gbps
+        require(bandwidth is None or (finite(bandwidth) and bandwidth > 0),
+                f"p3.emulated_bandwidth_gbps must be > 0 (e.g. 10) or None for the real network, "
+                f"got {self.emulated_bandwidth_gbps!r}")
+        require(finite(self.emulated_latency_us) and self.emulated_latency_us >= 0,
+                f"p3.emulated_latency_us must be >= 0 microseconds, got {self.emulated_latency_us!r}")
+        require(self.emulated_latency_us == 0 or self.emulated_bandwidth_gbps is not None,
+                "p3.emulated_latency_us needs p3.emulated_bandwidth_gbps (latency is part of the EMULATED link)")
+        require(self.element_size in (1, 2, 4, 8), f"p3.element_size must be 1, 2, 4 or 8 bytes, got {self.element_size!r}")
+
+    @property
+    def effective_credit_bytes(self) -> int:
+        """The credit in force: ``credit_bytes``, or four slices."""
+        return self.credit_bytes if self.credit_bytes is not None else 4 * self.slice_elements * self.element_size
