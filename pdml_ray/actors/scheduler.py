@@ -106,6 +106,13 @@ class MeteredScheduler(Scheduler):
             self.gauges.export(self.stats())
             self._exported_at = now
 
+    def __repr__(self) -> str:
+        """What the Ray dashboard's actor list shows for this actor: the run, the newest decision
+        versions and how far training got."""
+        versions = ", ".join(f"{name} v{v}" for name, v in self.versions.items())
+        return (f"PDMLScheduler(run={self.config.scheduler_name}, workers={self.num_workers}, {versions}, "
+                f"last_step={self.last_step}, reports={self.reports_received})")
+
     @ray.method(concurrency_group="decisions")
     def ping(self) -> bool:
         return True

@@ -28,3 +28,12 @@ def test_a_decision_does_not_wait_behind_a_flood_of_reports(ray_local):
     assert stats.reports_received == 20 * 2000 and stats.process_cpu_s > 0
     assert ray.get(handle.memory_rss_mb.remote()) > 10
     ray.kill(handle)
+
+
+def test_the_actor_says_its_run_and_decision_version_to_the_dashboard(ray_local):
+    """Ray's actor list shows ``repr(actor)`` (its ``repr_name``): the run, workers, versions."""
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64), scheduler_name="repr-test")
+    handle = create_scheduler(config, 2)
+    text = ray.get(handle.__ray_call__.remote(lambda self: repr(self)))
+    assert text == "PDMLScheduler(run=repr-test, workers=2, node v0, last_step=-1, reports=0)", text
+    ray.kill(handle)
