@@ -382,12 +382,12 @@ def _targets(summary: dict[str, Any], control: dict[str, Any], tree: dict[str, A
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from pdml_ray.bench.common import check_device, finish, print_table
+    from pdml_ray.bench.common import finish, print_table
+    from pdml_ray.errors import UsageError
     from pdml_ray.config import ContinuityConfig
 
-    check_device(args.device)
-    if args.device != "cpu":
-        print("note: this benchmark trains a small MLP; it runs on the CPU whatever --device says")
+    if args.device != "cpu":  # the JSON must never record a device that was not used
+        raise UsageError("--device cuda is not supported here: this benchmark trains a small MLP in one process on the CPU; use --device cpu")
     torch.set_num_threads(1)  # the arms share one core; the machine may be shared
     # Collapses are counted in the JSON (priority_stats); one warning line per collapse would bury the table.
     logging.getLogger("pdml_ray.priority.continuity").setLevel(logging.ERROR)

@@ -197,14 +197,14 @@ def _targets(pol: dict[str, dict[str, Any]], ratios: dict[str, float | None],
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from pdml_ray.bench.common import check_device, finish, print_table
+    from pdml_ray.bench.common import finish, print_table
+    from pdml_ray.errors import UsageError
     from pdml_ray.errors import ConfigError
     from pdml_ray.runtime.stragglers import WorkerPool
     from pdml_ray.stragglers.registry import POLICIES, make_policy
 
-    check_device(args.device)
-    if args.device == "cuda":
-        print("note: the logistic-regression workload is tiny; it runs on the CPU whatever --device says")
+    if args.device != "cpu":  # the JSON must never record a device that was not used
+        raise UsageError("--device cuda is not supported here: the logistic-regression workload runs on the CPU; use --device cpu")
     policies = args.policies.split(",") if args.policies else list(POLICIES)
     for p in policies:  # refuse bad names and invalid codes before starting Ray
         make_policy(p, workers=args.workers, stragglers=args.stragglers)
