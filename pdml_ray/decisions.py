@@ -23,6 +23,42 @@ from pdml_ray.batching import round_to_batch_sizes
 from pdml_ray.errors import PlanError
 
 
+MIN_COMPUTE_S = 1e-6
+"""Shortest possible compute time of a step (seconds): less is a clock or unit error, never a measurement."""
+MAX_COMPUTE_S = 1e6
+"""Longest compute time (seconds, ~11.6 days) a step's report may carry."""
+MAX_RATE = 1e9
+"""Most samples per second one worker can compute: a report implying more is refused, not folded in."""
+MAX_SAMPLES = 2 ** 40
+"""Most samples one report may carry (one worker's batch in one step)."""
+MAX_STEP = 2 ** 62
+"""Largest step number a report may carry (steps are int64 in the sample table)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why the scheduler refused a report: the field at fault (counted by kind) and a message."""
+
+    field: str
+    message: str
+
+
+def _integer(x: object) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _real(x: object, nan_ok: bool = False) -> bool:
+    """A finite real number (Python or numpy, not a bool); NaN too with ``nan_ok``."""
+    if not isinstance(x, (int, float, np.integer, np.floating)) or isinstance(x, (bool, np.bool_)):
+        return False
+    try:
+        v = float(x)
+    except OverflowError:  # an int beyond float64
+        return False
+    return math.isfinite(v) or (nan_ok and math.isnan(v))
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
     """One worker's telemetry for one training step.
@@ -48,27 +84,88 @@ class WorkerReport:
     sample_indices: np.ndarray | None = field(default=None, compare=False)
     sample_losses: np.ndarray | None = field(default=None, compare=False)
 
-    def problem(self, num_workers: int) -> str | None:
-        """Why this report must not move any priority, or None if it is sound."""
-        if not (0 <= self.worker_id < num_workers):
-            return f"unknown worker {self.worker_id} (have {num_workers})"
-        if self.samples <= 0:
-            return f"worker {self.worker_id} step {self.step}: samples={self.samples} must be > 0"
-        if not (isinstance(self.compute_s, (int, float)) and math.isfinite(self.compute_s) and self.compute_s > 0):
-            return f"worker {self.worker_id} step {self.step}: compute_s={self.compute_s} must be finite and > 0"
-        if not (math.isfinite(self.wait_s) and self.wait_s >= 0):
-            return f"worker {self.worker_id} step {self.step}: wait_s={self.wait_s} must be finite and >= 0"
-        if (self.sample_indices is None) != (self.sample_losses is None):
-            return f"worker {self.worker_id} step {self.step}: sample_indices and sample_losses come together"
-        if (self.sample_indices is not None and self.sample_losses is not None
-                and len(self.sample_indices) != len(self.sample_losses)):
-            return f"worker {self.worker_id} step {self.step}: {len(self.sample_indices)} indices vs {len(self.sample_losses)} losses"
+    def problem(self, num_workers: int, num_samples: int | None = None) -> str | None:
+        """Why this report must not move any priority, or None if it is sound (``rejection``'s message)."""
+        rejection = self.rejection(num_workers, num_samples)
+        return None if rejection is None else rejection.message
+
+    def rejection(self, num_workers: int, num_samples: int | None = None) -> "Rejection | None":
+        """Why this report must not move any priority (the field at fault and a message naming the fix),
+        or None if it is sound. Never raises, whatever the fields hold: this is where reports enter.
+
+        ``num_samples``: the data set size, when known; per-sample indices must lie in [0, num_samples).
+        Sound means: integer ids and steps in range; ``samples >= 1`` with a physically possible compute
+        time (``MIN_COMPUTE_S <= compute_s <= MAX_COMPUTE_S`` and at most ``MAX_RATE`` samples/s), or
+        an idle step (``samples == 0``, a worker given no samples; see ``idle``); finite, non-negative
+        times; ``loss`` and ``grad_norm`` finite or NaN (NaN: not measured), never infinite;
+        per-sample feedback as two 1-D numpy arrays of equal length, integer indices and finite losses.
+        """
+        w, step = self.worker_id, self.step
+        if not (_integer(w) and 0 <= w < num_workers):
+            return Rejection("worker_id", f"unknown worker {w!r} (have {num_workers}, ids 0..{num_workers - 1})")
+        where = f"worker {w}"
+        if not (_integer(step) and 0 <= step <= MAX_STEP):
+            return Rejection("step", f"{where}: step={step!r} must be an integer in [0, {MAX_STEP}]")
+        where = f"worker {w} step {step}"
+        if not (_integer(self.samples) and 0 <= self.samples <= MAX_SAMPLES):
+            return Rejection("samples", f"{where}: samples={self.samples!r} must be an integer in [0, {MAX_SAMPLES}] "
+                                        "(> 0 for a measured step)")
+        c = self.compute_s
+        if not _real(c):
+            return Rejection("compute_s", f"{where}: compute_s={c!r} must be a finite number of seconds")
+        if self.samples > 0:
+            if not (MIN_COMPUTE_S <= c <= MAX_COMPUTE_S):
+                return Rejection("compute_s", f"{where}: compute_s={c!r} is not a possible step time; it must lie "
+                                              f"in [{MIN_COMPUTE_S:g}, {MAX_COMPUTE_S:g}] seconds")
+            if self.samples > MAX_RATE * c:
+                return Rejection("compute_s", f"{where}: {self.samples} samples in compute_s={c!r} is "
+                                              f"{self.samples / c:.3g} samples/s, more than {MAX_RATE:.0e} samples/s "
+                                              "is not a possible measurement")
+        elif not (0.0 <= c <= MAX_COMPUTE_S):
+            return Rejection("compute_s", f"{where}: compute_s={c!r} must lie in [0, {MAX_COMPUTE_S:g}] seconds")
+        for name in ("wait_s", "overhead_s"):
+            v = getattr(self, name)
+            if not (_real(v) and 0.0 <= v <= MAX_COMPUTE_S):
+                return Rejection(name, f"{where}: {name}={v!r} must be a finite number of seconds >= 0")
+        for name in ("step_s", "loss", "grad_norm"):  # NaN: not measured
+            v = getattr(self, name)
+            if not (_real(v, nan_ok=True) and (math.isnan(v) or (name == "loss" or v >= 0.0))):
+                return Rejection(name, f"{where}: {name}={v!r} must be a finite number (>= 0 but for loss) or NaN "
+                                       "for 'not measured'; a worker whose loss or gradient is infinite is refused")
+        if not isinstance(self.accelerator_type, str):
+            return Rejection("accelerator_type", f"{where}: accelerator_type={self.accelerator_type!r} must be a string "
+                                                 "such as 'A100'")
+        idx, losses = self.sample_indices, self.sample_losses
+        if (idx is None) != (losses is None):
+            return Rejection("sample_losses", f"{where}: sample_indices and sample_losses come together")
+        if idx is not None and losses is not None:
+            if not (isinstance(idx, np.ndarray) and isinstance(losses, np.ndarray) and idx.ndim == 1
+                    and losses.ndim == 1):
+                return Rejection("sample_indices", f"{where}: sample_indices and sample_losses must be 1-D numpy "
+                                                   f"arrays, got {type(idx).__name__} and {type(losses).__name__}")
+            if len(idx) != len(losses):
+                return Rejection("sample_losses", f"{where}: {len(idx)} indices vs {len(losses)} losses")
+            if idx.dtype.kind not in "iu" or losses.dtype.kind not in "fiu":
+                return Rejection("sample_indices", f"{where}: sample_indices must be integers and sample_losses "
+                                                   f"numbers, got dtypes {idx.dtype} and {losses.dtype}")
+            if len(idx) and num_samples is not None and (int(idx.min()) < 0 or int(idx.max()) >= num_samples):
+                return Rejection("sample_indices", f"{where}: sample indices must lie in [0, {num_samples}) "
+                                                   "(positions in the data set)")
+            with np.errstate(invalid="ignore"):
+                if len(losses) and not np.isfinite(losses).all():
+                    return Rejection("sample_losses", f"{where}: a per-sample loss is NaN or infinite; the worker's "
+                                                      "loss diverged, its report is refused")
         return None
+
+    @property
+    def idle(self) -> bool:
+        """A step the worker ran with no samples (min_batch = 0): it says the worker is alive, measures nothing."""
+        return self.samples == 0
 
     @property
     def throughput(self) -> float:
         """Compute throughput in samples/s (collective waits excluded)."""
-        return self.samples / self.compute_s
+        return self.samples / self.compute_s if self.compute_s > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +245,22 @@ class SamplePlan:
     weights: tuple[np.ndarray, ...]
 
     def validate(self, batch_sizes: tuple[int, ...] | None = None, num_samples: int | None = None) -> None:
+        """Raise PlanError unless every worker has a 1-D integer index array and a float weight array of
+        the same length (its batch size, when given), indices in [0, num_samples), weights finite >= 0."""
+        if not (isinstance(self.indices, (tuple, list)) and isinstance(self.weights, (tuple, list))):
+            raise PlanError(f"sample plan step {self.step}: indices and weights must be sequences of arrays, one per worker")
         if len(self.indices) != len(self.weights):
             raise PlanError(f"sample plan step {self.step}: {len(self.indices)} index arrays vs {len(self.weights)} weight arrays")
+        if batch_sizes is not None and not (isinstance(batch_sizes, (tuple, list)) and len(batch_sizes) == len(self.indices)
+                                            and all(_integer(b) for b in batch_sizes)):
+            raise PlanError(f"sample plan step {self.step}: {len(self.indices)} workers' arrays vs batch sizes {batch_sizes!r}")
+        if num_samples is not None and not (_integer(num_samples) and num_samples >= 1):
+            raise PlanError(f"sample plan step {self.step}: num_samples must be an integer >= 1, got {num_samples!r}")
         for i, (idx, w) in enumerate(zip(self.indices, self.weights)):
+            if not (isinstance(idx, np.ndarray) and isinstance(w, np.ndarray) and idx.ndim == 1
+                    and idx.dtype.kind in "iu" and w.dtype.kind == "f"):
+                raise PlanError(f"sample plan step {self.step}: worker {i} needs a 1-D integer index array and a float "
+                                f"weight array, got {type(idx).__name__} and {type(w).__name__}")
             if idx.shape != w.shape:
                 raise PlanError(f"sample plan step {self.step}: worker {i} has {idx.shape} indices vs {w.shape} weights")
             if batch_sizes is not None and len(idx) != batch_sizes[i]:

@@ -5,19 +5,24 @@ on it during a step: reports arrive fire-and-forget in batches, and rank 0 picks
 decisions asynchronously at step boundaries.
 
 What it owns, and no deriver does:
-- validation of reports (a malformed report moves no estimate and is counted);
+- validation of reports, where they enter (``WorkerReport.rejection`` plus a deriver's own
+  ``report_rejection``, e.g. the sample table's index range): a malformed report moves no estimate, is
+  counted by kind, and the rest of its batch is applied. Idle reports (0 samples) are logged only;
 - the derivers the config enables (``pdml_ray.priority.registry``), run in registry order;
 - stamping: every published decision gets the next version of its axis and the boundary's first
   step as ``effective_step``. A decision whose bundle reached the workers after its step (they
   never adopted it) is re-issued, with a new version, for the next boundary; so every decision a
   worker runs is in this history with the same version and effective step;
-- the report log (telemetry columns), named one-off measurements, and checkpoint state.
+- the report log (telemetry columns), named one-off measurements, and checkpoint state, its counters
+  included. Every history is bounded: decisions by rows and by numbers held (at 256 workers a
+  decision is 768 numbers), rejection reasons to the latest 100 (plus counts by kind).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -27,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from pdml_ray.config import PDMLConfig
-from pdml_ray.decisions import Boundary, Decision, StepBundle, WorkerReport
-from pdml_ray.errors import ReportError, StateError
+from pdml_ray.decisions import Boundary, Decision, Rejection, StepBundle, WorkerReport
+from pdml_ray.errors import PDMLError, ReportError, StateError
 from pdml_ray.priority.base import Deriver, DeriverStats, GaugeValue
 from pdml_ray.priority.registry import make_derivers
 
@@ -36,7 +41,15 @@ log = logging.getLogger(__name__)
 
 # Report log rows kept for summaries: (worker, step, samples, compute_s, wait_s, step_s, overhead_s, loss)
 _LOG_COLUMNS = ("worker_id", "step", "samples", "compute_s", "wait_s", "step_s", "overhead_s", "loss")
-_HISTORY_ROWS = 10_000  # decisions kept per axis (a run deciding every 5 steps: 50,000 steps)
+_HISTORY_ROWS = 10_000  # decisions kept per axis (a run deciding every 5 steps: 50,000 steps) ...
+_HISTORY_NUMBERS = 1_000_000  # ... and at most ~this many numbers per axis in memory (3 per worker)
+_SAVED_HISTORY_NUMBERS = 100_000  # the newest decisions saved in the state: ~1 MB pickled at most
+_REJECTION_REASONS = 100  # latest rejection reasons kept (counts by kind are kept for all)
+
+
+def _history_rows(num_workers: int, numbers: int) -> int:
+    """Decisions of ``num_workers`` workers (3 numbers each) that fit in ``numbers``, within [10, 10,000]."""
+    return max(10, min(_HISTORY_ROWS, numbers // (3 * num_workers)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +66,10 @@ class SchedulerStats:
     """Seconds spent inside ``report()``: the scheduler's own cost."""
     measurements: Mapping[str, float]
     derivers: Mapping[str, DeriverStats] = field(default_factory=dict)
+    rejected_by_kind: Mapping[str, int] = field(default_factory=dict)
+    """Rejected reports by the field at fault (``worker_id``, ``compute_s``, ``sample_indices``, ...)."""
+    decide_errors: int = 0
+    """Boundaries at which a deriver failed to decide (its axis kept its decision; the others went out)."""
     emulation: str | None = None
     """What the run EMULATES (speeds, compute), in words; None when nothing is."""
     process_cpu_s: float | None = None
@@ -66,6 +83,10 @@ class SchedulerStats:
         versions = ", ".join(f"{name} v{v}" for name, v in self.versions.items())
         lines = [f"decisions: {versions}; reports {self.reports_received} (rejected {self.reports_rejected}), "
                  f"last step {self.last_step}"]
+        if self.rejected_by_kind:
+            lines[0] += " [rejected: " + ", ".join(f"{k} {n}" for k, n in sorted(self.rejected_by_kind.items())) + "]"
+        if self.decide_errors:
+            lines[0] += f"; derivers failed to decide {self.decide_errors} times"
         if self.process_cpu_s is not None:
             lines[0] += f"; scheduler CPU {self.process_cpu_s:.2f} s"
         if self.emulation:
@@ -97,11 +118,14 @@ class Scheduler:
             deriver.bind(self.derivers)
         self.versions: dict[str, int] = {}
         self.current: dict[str, Decision] = {}  # newest published decision per deriver
-        self.history: dict[str, deque[Decision]] = {name: deque(maxlen=_HISTORY_ROWS) for name in self.derivers}
+        self.history_rows = _history_rows(num_workers, _HISTORY_NUMBERS)
+        self.history: dict[str, deque[Decision]] = {name: deque(maxlen=self.history_rows) for name in self.derivers}
         self.num_samples: int | None = None
         self.reports_received = 0
         self.reports_rejected = 0
-        self.rejections: deque[str] = deque(maxlen=100)  # the latest reasons, for logs and status
+        self.rejected_by_kind: dict[str, int] = {}  # rejected reports by the field at fault
+        self.rejections: deque[str] = deque(maxlen=_REJECTION_REASONS)  # the latest reasons, for logs and status
+        self.decide_errors = 0
         self.last_step = -1  # newest step any accepted report came from
         self.ingest_s = 0.0  # time spent inside report() (seconds): the scheduler's own cost
         self._log: deque[tuple] = deque(maxlen=max_log_rows)
@@ -114,18 +138,25 @@ class Scheduler:
     # -- inputs ------------------------------------------------------------------------------------
     def register(self, worker_id: int, accelerator_type: str) -> None:
         """A worker announces its accelerator type (the node prior follows it at the next boundary)."""
-        if not (isinstance(worker_id, int) and 0 <= worker_id < self.num_workers):
+        if not (isinstance(worker_id, int) and not isinstance(worker_id, bool) and 0 <= worker_id < self.num_workers):
             raise ReportError(f"register: unknown worker {worker_id!r} (this run has {self.num_workers} workers, "
                               f"ids 0..{self.num_workers - 1})")
+        if not isinstance(accelerator_type, str):
+            raise ReportError(f"register: accelerator_type must be a string such as 'A100', got {accelerator_type!r}")
         for deriver in self.derivers.values():
             deriver.on_register(worker_id, accelerator_type)
 
     def record_measurement(self, name: str, value: float) -> None:
         """Keep a named one-off measurement (a benchmark's comm_s, say) with the run's telemetry."""
+        if not (isinstance(name, str) and isinstance(value, (int, float)) and math.isfinite(value)):
+            raise ReportError(f"record_measurement: give a name (str) and a finite number, got {name!r}={value!r}")
         self.measurements[name] = float(value)
 
     def set_dataset_size(self, num_samples: int) -> None:
         """Called once by rank 0; derivers that need it (the sample table) set themselves up."""
+        if not (isinstance(num_samples, int) and not isinstance(num_samples, bool) and num_samples >= 1):
+            raise ReportError(f"set_dataset_size: num_samples must be an integer >= 1 (the data set size), "
+                              f"got {num_samples!r}")
         if self.num_samples == num_samples:
             return
         self.num_samples = num_samples
@@ -133,24 +164,48 @@ class Scheduler:
             deriver.on_dataset(num_samples)
 
     def report(self, reports: list[WorkerReport]) -> None:
-        """Ingest a batch of reports (fire-and-forget from workers); malformed ones are counted, not used."""
+        """Ingest a batch of reports (fire-and-forget from workers).
+
+        Each report is checked whole before anything of it is used; a malformed one is refused and
+        counted by kind, and the rest of the batch is applied. Idle reports (0 samples) are logged.
+        """
         t0 = time.perf_counter()
         accepted = []
-        for r in reports:
-            problem = r.problem(self.num_workers)
-            if problem is not None:
-                self.reports_rejected += 1
-                self.rejections.append(problem)
-                log.warning("rejected report: %s", problem)
+        for r in reports if isinstance(reports, (list, tuple)) else [reports]:
+            rejection = self._rejection(r)
+            if rejection is not None:
+                self._reject(rejection)
                 continue
-            accepted.append(r)
-            self.last_step = max(self.last_step, r.step)
+            self.last_step = max(self.last_step, int(r.step))
             self._log.append((r.worker_id, r.step, r.samples, r.compute_s, r.wait_s, r.step_s, r.overhead_s, r.loss))
-        self.reports_received += len(accepted)
+            self.reports_received += 1
+            if not r.idle:  # a worker given no samples measured nothing
+                accepted.append(r)
         if accepted:
             for deriver in self.derivers.values():
                 deriver.ingest(accepted)
         self.ingest_s += time.perf_counter() - t0
+
+    def _rejection(self, r: object) -> Rejection | None:
+        if not isinstance(r, WorkerReport):
+            return Rejection("type", f"expected a WorkerReport, got {type(r).__name__}")
+        rejection = r.rejection(self.num_workers, self.num_samples)
+        if rejection is None and not r.idle:
+            for deriver in self.derivers.values():
+                check = getattr(deriver, "report_rejection", None)
+                rejection = check(r) if check is not None else None
+                if rejection is not None:
+                    break
+        return rejection
+
+    def _reject(self, rejection: Rejection) -> None:
+        self.reports_rejected += 1
+        self.rejected_by_kind[rejection.field] = self.rejected_by_kind.get(rejection.field, 0) + 1
+        self.rejections.append(rejection.message)
+        # the first of each kind, then every 1000th: a worker sending garbage every step must not flood the log
+        if self.rejected_by_kind[rejection.field] % 1000 == 1:
+            log.warning("rejected report (%d of this kind so far): %s", self.rejected_by_kind[rejection.field],
+                        rejection.message)
 
     # -- outputs -----------------------------------------------------------------------------------
     def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:
@@ -169,7 +224,13 @@ class Scheduler:
                 self.versions[name] = seen
                 if name in self.current:
                     self.current[name] = dataclasses.replace(self.current[name], version=seen)  # type: ignore[type-var]
-            new = deriver.decide(boundary, out)
+            try:
+                new = deriver.decide(boundary, out)
+            except PDMLError as e:  # this axis keeps its decision; the others still go out
+                self.decide_errors += 1
+                log.error("deriver %r failed to decide at step %d (it keeps its current decision): %s",
+                          name, boundary.first_step, e)
+                new = None
             current = self.current.get(name)
             if new is not None:
                 current = self._publish(name, new, boundary.first_step)
@@ -210,27 +271,76 @@ class Scheduler:
                               reports_rejected=self.reports_rejected, last_step=self.last_step,
                               ingest_s=self.ingest_s, measurements=dict(self.measurements),
                               derivers={name: s for name, s in per_deriver.items() if s is not None},
+                              rejected_by_kind=dict(self.rejected_by_kind), decide_errors=self.decide_errors,
                               emulation=self.config.node_priority.emulation)
 
     # -- checkpoint --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         kept = [name for name, d in self.derivers.items() if d.keep_history]
+        saved_rows = _history_rows(self.num_workers, _SAVED_HISTORY_NUMBERS)
         return {"derivers": {name: d.state_dict() for name, d in self.derivers.items()},
                 "versions": dict(self.versions),
                 "current": {name: self.current[name] for name in kept if name in self.current},
-                "history": {name: list(self.history[name]) for name in kept},
-                "num_samples": self.num_samples}
+                "history": {name: list(self.history[name])[-saved_rows:] for name in kept},
+                "num_samples": self.num_samples,
+                "counters": {"reports_received": self.reports_received, "reports_rejected": self.reports_rejected,
+                             "last_step": self.last_step, "rejected_by_kind": dict(self.rejected_by_kind),
+                             "rejections": list(self.rejections), "decide_errors": self.decide_errors}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict``; StateError (and nothing loaded) when its shape or counters are wrong."""
+        if not isinstance(state, dict) or not all(isinstance(state.get(k), dict)
+                                                  for k in ("derivers", "versions", "current", "history")):
+            raise StateError("saved scheduler state must be a dict with 'derivers', 'versions', 'current' and "
+                             "'history' mappings, as Scheduler.state_dict() writes it")
         missing = sorted(set(state["derivers"]) ^ set(self.derivers))
         if missing:
             raise StateError(f"saved scheduler state has derivers {sorted(state['derivers'])}, this run enables "
                              f"{sorted(self.derivers)}; resume with the same PDMLConfig (sample_priority on or off)")
+        versions = state["versions"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in versions.values()):
+            raise StateError(f"saved decision versions must be integers >= 0, got {versions!r}")
+        counters = _checked_counters(state.get("counters", {}))
         if state.get("num_samples") is not None:
-            self.set_dataset_size(state["num_samples"])
+            try:
+                self.set_dataset_size(state["num_samples"])
+            except ReportError as e:
+                raise StateError(f"saved scheduler state: {e}") from None
         for name, deriver in self.derivers.items():
-            deriver.load_state_dict(state["derivers"][name])
-        self.versions = dict(state["versions"])
+            try:
+                deriver.load_state_dict(state["derivers"][name])
+            except PDMLError:
+                raise
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+                raise StateError(f"saved state of deriver {name!r} is malformed ({type(e).__name__}: {e}); load a "
+                                 "state written by Scheduler.state_dict() of the same pdml-ray version") from None
+        self.versions = dict(versions)
         self.current.update(state["current"])
         for name, decisions in state["history"].items():
-            self.history[name] = deque(decisions, maxlen=_HISTORY_ROWS)
+            self.history[name] = deque(decisions, maxlen=self.history_rows)
+        self.reports_received = counters.get("reports_received", self.reports_received)
+        self.reports_rejected = counters.get("reports_rejected", self.reports_rejected)
+        self.last_step = counters.get("last_step", self.last_step)
+        self.decide_errors = counters.get("decide_errors", self.decide_errors)
+        self.rejected_by_kind = dict(counters.get("rejected_by_kind", self.rejected_by_kind))
+        self.rejections = deque(counters.get("rejections", self.rejections), maxlen=_REJECTION_REASONS)
+
+
+def _checked_counters(counters: Any) -> dict[str, Any]:
+    """The saved counters (missing in states written before they were saved: then empty), checked."""
+    def count(x: Any, low: int = 0) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+    ok = isinstance(counters, dict)
+    if ok:
+        for key in ("reports_received", "reports_rejected", "decide_errors"):
+            ok = ok and (key not in counters or count(counters[key]))
+        ok = ok and ("last_step" not in counters or count(counters["last_step"], -1))
+        kinds = counters.get("rejected_by_kind", {})
+        ok = ok and isinstance(kinds, dict) and all(isinstance(k, str) and count(n) for k, n in kinds.items())
+        reasons = counters.get("rejections", [])
+        ok = ok and isinstance(reasons, (list, tuple)) and all(isinstance(r, str) for r in reasons)
+    if not ok:
+        raise StateError(f"saved scheduler counters are malformed: {counters!r}; counts must be integers >= 0 "
+                         "(last_step >= -1), rejection reasons strings")
+    return counters

@@ -16,4 +16,14 @@ def require(ok: bool, message: str) -> None:
 
 def finite(x: Any) -> bool:
     """A real, finite number (bools and strings are not)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond float64
+        return False
+
+
+def integer(x: Any, low: int, high: int | None = None) -> bool:
+    """An integer (not a bool) in [low, high]."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low and (high is None or x <= high)

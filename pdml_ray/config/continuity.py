@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdml_ray.config.checks import finite, require
+from pdml_ray.config.checks import finite, integer, require
 
 @dataclass(kw_only=True, slots=True)
 class ContinuityConfig:
@@ -49,9 +49,9 @@ class ContinuityConfig:
     space: p <- p^(1-f) * prior^f, which compresses a peak by the power (1-f)."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.check_interval, int) and self.check_interval >= 1,
+        require(integer(self.check_interval, 1),
                  f"continuity.check_interval must be an integer >= 1, got {self.check_interval!r}")
-        require(isinstance(self.running_sums_from, int) and self.running_sums_from >= 0,
+        require(integer(self.running_sums_from, 0),
                  f"continuity.running_sums_from must be an integer >= 0 (a number of items; 0 = always), "
                  f"got {self.running_sums_from!r}")
         require(finite(self.min_normalized_ess) and 0.0 <= self.min_normalized_ess < self.max_normalized_ess <= 1.0,
@@ -64,11 +64,11 @@ class ContinuityConfig:
                  f"got {self.max_tie_fraction!r}")
         require(finite(self.tie_tolerance) and 0.0 <= self.tie_tolerance < 1.0,
                  f"continuity.tie_tolerance must be in [0, 1) (relative, e.g. 1e-3), got {self.tie_tolerance!r}")
-        require(isinstance(self.max_check_items, int) and self.max_check_items >= 16,
+        require(integer(self.max_check_items, 16),
                  f"continuity.max_check_items must be an integer >= 16, got {self.max_check_items!r}")
         require(finite(self.reset_fraction) and 0.0 <= self.reset_fraction <= 1.0,
                  f"continuity.reset_fraction must be in [0, 1] (0 = keep priorities), got {self.reset_fraction!r}")
-        require(isinstance(self.recalibration_steps, int) and self.recalibration_steps >= 1,
+        require(integer(self.recalibration_steps, 1),
                  f"continuity.recalibration_steps must be an integer >= 1, got {self.recalibration_steps!r}")
         require(finite(self.recalibration_mix) and 0.0 < self.recalibration_mix <= 1.0,
                  f"continuity.recalibration_mix must be in (0, 1], got {self.recalibration_mix!r}")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdml_ray.config.checks import finite, require
+from pdml_ray.config.checks import finite, integer, require
 from pdml_ray.config.continuity import ContinuityConfig
 from pdml_ray.errors import ConfigError
 
@@ -127,7 +127,7 @@ class GradientPriorityConfig:
                 f"gradient_priority.bandit_discount must be in [0.5, 1] (1 = no forgetting), got {self.bandit_discount!r}")
         require(finite(self.bandit_exploration) and self.bandit_exploration >= 0.0,
                 f"gradient_priority.bandit_exploration must be >= 0 (e.g. 1.0), got {self.bandit_exploration!r}")
-        require(isinstance(self.collapse_hold, int) and self.collapse_hold >= 0,
+        require(integer(self.collapse_hold, 0),
                 f"gradient_priority.collapse_hold must be an integer >= 0 boundaries, got {self.collapse_hold!r}")
         for name in ("normaliser_ema", "worker_ema", "progress_ema"):
             v = getattr(self, name)
@@ -137,7 +137,7 @@ class GradientPriorityConfig:
                 f"arrived gradients), got {self.k_min!r} and {self.k_max!r}")
         for name in ("max_wait", "max_staleness"):
             v = getattr(self, name)
-            require(isinstance(v, int) and not isinstance(v, bool) and v >= (1 if name == "max_wait" else 0),
+            require(integer(v, 1 if name == "max_wait" else 0),
                     f"gradient_priority.{name} must be an integer >= {1 if name == 'max_wait' else 0} steps, got {v!r}")
         if self.priority_fn is not None:
             load_priority_fn(self.priority_fn)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdml_ray.config.checks import finite, require
+from pdml_ray.config.checks import finite, integer, require
 from pdml_ray.emulation import check_speed
 
 # Relative training throughput by accelerator type, used as the prior before any measurement.
@@ -21,6 +21,10 @@ DEFAULT_ACCELERATOR_PRIOR: dict[str, float] = {
     "T4": 0.04,
     "CPU": 0.01,
 }
+
+
+MAX_GLOBAL_BATCH = 1 << 30
+"""Largest global batch (samples per step): batch shares are float64, exact far beyond it (2^53)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,20 +68,20 @@ class NodePriorityConfig:
     """False keeps uniform shares (the baseline) while still measuring and reporting."""
 
     def __post_init__(self) -> None:
-        require(self.global_batch_size is None or (isinstance(self.global_batch_size, int)
-                                                   and not isinstance(self.global_batch_size, bool)
-                                                   and self.global_batch_size >= 1),
-                f"node_priority.global_batch_size must be a positive integer, got {self.global_batch_size!r}")
+        require(isinstance(self.enabled, bool), f"node_priority.enabled must be true or false, got {self.enabled!r}")
+        require(self.global_batch_size is None or integer(self.global_batch_size, 1, MAX_GLOBAL_BATCH),
+                f"node_priority.global_batch_size must be a positive integer of at most {MAX_GLOBAL_BATCH} "
+                f"(samples per optimizer step over all workers, e.g. 1024), got {self.global_batch_size!r}")
         require(finite(self.ema_alpha) and 0.0 < self.ema_alpha <= 1.0,
                  f"node_priority.ema_alpha must be in (0, 1] (e.g. 0.5), got {self.ema_alpha!r}")
-        require(isinstance(self.decision_interval, int) and self.decision_interval >= 1,
+        require(integer(self.decision_interval, 1),
                  f"node_priority.decision_interval must be an integer >= 1 step, got {self.decision_interval!r}")
-        require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
+        require(integer(self.warmup_steps, 0),
                  f"node_priority.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        require(isinstance(self.min_batch, int) and self.min_batch >= 0,
+        require(integer(self.min_batch, 0),
                  f"node_priority.min_batch must be an integer >= 0, got {self.min_batch!r}")
         if self.max_batch is not None:
-            require(isinstance(self.max_batch, int) and self.max_batch >= max(1, self.min_batch),
+            require(integer(self.max_batch, max(1, self.min_batch)),
                      f"node_priority.max_batch must be an integer >= min_batch ({self.min_batch}) or None, "
                      f"got {self.max_batch!r}")
         require(finite(self.hysteresis) and 0.0 <= self.hysteresis < 1.0,
@@ -85,10 +89,16 @@ class NodePriorityConfig:
         require(finite(self.decision_confidence) and 0.0 <= self.decision_confidence <= 10.0,
                  f"node_priority.decision_confidence must be a number of standard errors in [0, 10] "
                  f"(e.g. 2.0; 0 turns the noise gate off), got {self.decision_confidence!r}")
+        require(isinstance(self.prior, dict) and all(isinstance(k, str) for k in self.prior),
+                f"node_priority.prior must be a mapping of accelerator type (a string) to relative speed, e.g. "
+                f"{{'H100': 1.0, 'A100': 0.32}}, got {self.prior!r}")
         for name, speed in self.prior.items():
             require(finite(speed) and speed > 0,
                      f"node_priority.prior[{name!r}] must be a positive relative speed, got {speed!r}")
         if self.emulated_speeds is not None:
+            require(isinstance(self.emulated_speeds, (list, tuple)) and len(self.emulated_speeds) >= 1,
+                    f"node_priority.emulated_speeds must be a list of speed factors in (0, 1], one per worker, or "
+                    f"None, got {self.emulated_speeds!r}")
             for i, s in enumerate(self.emulated_speeds):
                 check_speed(s, f"node_priority.emulated_speeds[{i}]")
         if self.emulated_per_sample_s is not None:
@@ -121,7 +131,8 @@ class NodePriorityConfig:
 
     def check_workers(self, num_workers: int) -> None:
         """Check that ``num_workers`` workers can satisfy the batch bounds; say what to change if not."""
-        require(num_workers >= 1, f"need at least one worker, got {num_workers}")
+        require(isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 1,
+                f"need at least one worker (an integer), got {num_workers!r}")
         self.batch  # noqa: B018 - raises when the global batch size is missing
         require(self.min_batch * num_workers <= self.batch,
                  f"node_priority.min_batch={self.min_batch} x {num_workers} workers exceeds "

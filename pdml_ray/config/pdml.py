@@ -18,6 +18,13 @@ from pdml_ray.config.sample import SamplePriorityConfig
 from pdml_ray.errors import ConfigError
 
 
+_SECTIONS: dict[str, tuple[type, bool]] = {
+    "node_priority": (NodePriorityConfig, False), "sample_priority": (SamplePriorityConfig, True),
+    "gradient_priority": (GradientPriorityConfig, True), "continuity": (ContinuityConfig, False),
+    "pipeline": (PipelineConfig, False), "p3": (P3Config, True)}
+"""Each section field: its config class and whether None is allowed."""
+
+
 @dataclass(kw_only=True, slots=True)
 class PDMLConfig:
     """Everything pdml-ray needs to know, one section per component."""
@@ -44,7 +51,16 @@ class PDMLConfig:
     """Ray namespace of the scheduler actor."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        require(isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0,
+                f"seed must be an integer >= 0, got {self.seed!r}")
+        for f in dataclasses.fields(self):  # sections: the right config class (or None where optional)
+            section = _SECTIONS.get(f.name)
+            value = getattr(self, f.name)
+            if section is not None and not (isinstance(value, section[0]) or (value is None and section[1])):
+                raise ConfigError(f"{f.name} must be a {section[0].__name__}{' or None' if section[1] else ''}, "
+                                  f"got {value!r}")
+        require(isinstance(self.namespace, str) and bool(self.namespace),
+                f"namespace must be a non-empty string (the Ray namespace), got {self.namespace!r}")
         require(self.scheduler_name is None or (isinstance(self.scheduler_name, str) and bool(self.scheduler_name)),
                 "scheduler_name must be a non-empty string, or None to name it after the run")
 
@@ -56,11 +72,24 @@ class PDMLConfig:
     def from_yaml(cls, path: str | Path) -> "PDMLConfig":
         import yaml
 
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e}); check the path") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the config as UTF-8") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}; fix the syntax (a mapping of sections, e.g. "
+                              "'node_priority: {global_batch_size: 1024}')") from None
+        if data is None:
+            data = {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdml_ray.config.checks import finite, require
+from pdml_ray.config.checks import finite, integer, require
 
 
 def _check_schedule(value: object, field_name: str, *, static_only: bool) -> None:
@@ -46,7 +46,7 @@ class OspreyConfig:
                  f"osprey.momentum must be in [0, 1) (e.g. 0.5), got {self.momentum!r}")
         require(finite(self.rebalance_threshold) and 0.0 <= self.rebalance_threshold < 1.0,
                  f"osprey.rebalance_threshold must be in [0, 1) (e.g. 0.02), got {self.rebalance_threshold!r}")
-        require(isinstance(self.extra_in_flight, int) and self.extra_in_flight >= 0,
+        require(integer(self.extra_in_flight, 0),
                  f"osprey.extra_in_flight must be an integer >= 0 activations, got {self.extra_in_flight!r}")
         _check_schedule(self.warm_start, "osprey.warm_start", static_only=True)
 
@@ -73,11 +73,13 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         _check_schedule(self.schedule, "pipeline.schedule", static_only=False)
         if self.memory_limit is not None:
-            require(isinstance(self.memory_limit, int) and self.memory_limit >= 1,
+            require(integer(self.memory_limit, 1),
                      f"pipeline.memory_limit must be an integer >= 1 activation or None, got {self.memory_limit!r}")
         if self.stage_costs is not None:
+            require(isinstance(self.stage_costs, (list, tuple)),
+                    f"pipeline.stage_costs must be a list of (forward_s, backward_s) pairs or None, got {self.stage_costs!r}")
             for i, c in enumerate(self.stage_costs):
-                require(len(c) == 2 and all(finite(x) and x > 0 for x in c),
+                require(isinstance(c, (list, tuple)) and len(c) == 2 and all(finite(x) and x > 0 for x in c),
                          f"pipeline.stage_costs[{i}] must be (forward_s, backward_s), both > 0 seconds, got {c!r}")
         _check_schedule(self.auto_static, "pipeline.auto_static", static_only=True)
         require(finite(self.auto_dispersion_threshold) and self.auto_dispersion_threshold >= 0.0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pdml_ray.config.checks import finite, require
+from pdml_ray.config.checks import finite, integer, require
 
 @dataclass(kw_only=True, slots=True)
 class SamplePriorityConfig:
@@ -39,6 +39,8 @@ class SamplePriorityConfig:
     as soon as they are found; the uniform mix and the mean weight still visit the rest)."""
 
     def __post_init__(self) -> None:
+        require(isinstance(self.replacement, bool),
+                f"sample_priority.replacement must be true or false, got {self.replacement!r}")
         require(self.unseen_score in ("max", "mean"),
                  f"sample_priority.unseen_score must be 'max' or 'mean', got {self.unseen_score!r}")
         require(self.score in ("loss", "loss_ema"),
@@ -51,11 +53,11 @@ class SamplePriorityConfig:
                  f"sample_priority.uniform_mix must be in [0, 1] (e.g. 0.1), got {self.uniform_mix!r}")
         require(finite(self.staleness_decay) and 0.0 <= self.staleness_decay < 1.0,
                  f"sample_priority.staleness_decay must be in [0, 1), got {self.staleness_decay!r}")
-        require(isinstance(self.stale_after, int) and self.stale_after >= 1,
+        require(integer(self.stale_after, 1),
                  f"sample_priority.stale_after must be an integer >= 1 step, got {self.stale_after!r}")
         require(finite(self.is_exponent_start) and 0.0 <= self.is_exponent_start <= 1.0,
                  f"sample_priority.is_exponent_start must be in [0, 1], got {self.is_exponent_start!r}")
         require(finite(self.is_exponent_end) and 0.0 <= self.is_exponent_end <= 1.0,
                  f"sample_priority.is_exponent_end must be in [0, 1] (1.0 = unbiased), got {self.is_exponent_end!r}")
-        require(isinstance(self.is_anneal_steps, int) and self.is_anneal_steps >= 0,
+        require(integer(self.is_anneal_steps, 0),
                  f"sample_priority.is_anneal_steps must be an integer >= 0, got {self.is_anneal_steps!r}")

@@ -58,7 +58,7 @@ class Action:
     @classmethod
     def parse(cls, text: str) -> "Action":
         """Inverse of ``str``: ``Action.parse("s0r1F3") == Action(0, 1, Kind.FORWARD, 3)``."""
-        match = _ACTION_RE.match(text.strip())
+        match = _ACTION_RE.match(text.strip()) if isinstance(text, str) else None
         if match is None:
             raise PlanError(f"invalid action string {text!r}; expected s<stage>r<replica><F|B><microbatch>, e.g. s0r1F3")
         stage, replica, kind, microbatch = match.groups()
@@ -116,13 +116,41 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        """The plan ``to_dict`` wrote, validated (``validate``): PlanError naming the field otherwise."""
+        if not isinstance(data, dict):
+            raise PlanError(f"a plan must be a mapping as Plan.to_dict() writes it, got {type(data).__name__}")
+        missing = [k for k in ("num_stages", "replicas", "num_microbatches", "orders") if k not in data]
+        if missing:
+            raise PlanError(f"plan lacks {missing}; give num_stages, replicas, num_microbatches and orders "
+                            "(as Plan.to_dict() writes them)")
+        stages, replicas, microbatches = data["num_stages"], data["replicas"], data["num_microbatches"]
+        reorder, memory_limit, schedule = data.get("reorder", False), data.get("memory_limit"), data.get("schedule", "")
+        if not _count(stages, 1):
+            raise PlanError(f"plan num_stages must be an integer >= 1, got {stages!r}")
+        if not (isinstance(replicas, (list, tuple)) and all(_count(r, 1) for r in replicas)):
+            raise PlanError(f"plan replicas must be a list of integers >= 1 (one per stage), got {replicas!r}")
+        if not _count(microbatches, 1):
+            raise PlanError(f"plan num_microbatches must be an integer >= 1, got {microbatches!r}")
+        if not isinstance(reorder, bool):
+            raise PlanError(f"plan reorder must be true or false, got {reorder!r}")
+        if not (memory_limit is None or _count(memory_limit, 1)):
+            raise PlanError(f"plan memory_limit must be an integer >= 1 or None, got {memory_limit!r}")
+        if not isinstance(schedule, str):
+            raise PlanError(f"plan schedule must be a string (the scheduler's name), got {schedule!r}")
+        if not isinstance(data["orders"], dict):
+            raise PlanError(f"plan orders must map 'stage,replica' to a list of actions, got {data['orders']!r}")
         orders = {}
         for key, acts in data["orders"].items():
-            k, r = (int(x) for x in key.split(","))
-            orders[(k, r)] = tuple(Action.parse(a) for a in acts)
-        return cls(num_stages=int(data["num_stages"]), replicas=tuple(int(x) for x in data["replicas"]),
-                   num_microbatches=int(data["num_microbatches"]), orders=orders, reorder=bool(data["reorder"]),
-                   memory_limit=data["memory_limit"], schedule=data.get("schedule", ""))
+            parts = key.split(",") if isinstance(key, str) else []
+            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+                raise PlanError(f"plan orders key {key!r} must be 'stage,replica', e.g. '0,1'")
+            if not (isinstance(acts, (list, tuple)) and all(isinstance(a, str) for a in acts)):
+                raise PlanError(f"plan orders[{key!r}] must be a list of action strings such as 's0r1F3', got {acts!r}")
+            orders[(int(parts[0]), int(parts[1]))] = tuple(Action.parse(a) for a in acts)
+        plan = cls(num_stages=stages, replicas=tuple(replicas), num_microbatches=microbatches, orders=orders,
+                   reorder=reorder, memory_limit=memory_limit, schedule=schedule)
+        validate(plan)
+        return plan
 
 
 class DecisionRecord(Protocol):
@@ -220,7 +248,16 @@ def dependency_table(num_stages: int) -> DependencyTable:
         sinks=tuple(key for key in keys if not cons[key]))
 
 
+def _count(x: Any, low: int) -> bool:
+    """An integer (not a bool) >= low."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
 def _check_shape(plan: Plan) -> None:
+    if not (_count(plan.num_stages, 1) and _count(plan.num_microbatches, 1)
+            and all(_count(r, 0) for r in plan.replicas)):
+        raise PlanError(f"plan num_stages, replicas and num_microbatches must be integers >= 1, got "
+                        f"{plan.num_stages!r}, {plan.replicas!r}, {plan.num_microbatches!r}")
     if plan.num_stages < 1 or len(plan.replicas) != plan.num_stages:
         raise PlanError(f"plan has num_stages={plan.num_stages} but replicas={plan.replicas}; "
                         "give one replica count per stage")
@@ -230,9 +267,15 @@ def _check_shape(plan: Plan) -> None:
         raise PlanError(f"num_microbatches must be >= 1, got {plan.num_microbatches}")
     if plan.memory_limit is not None and plan.memory_limit < 1:
         raise PlanError(f"memory_limit must be >= 1 activation or None, got {plan.memory_limit}")
-    expected = {(k, r) for k in range(plan.num_stages) for r in range(plan.replicas[k])}
-    if set(plan.orders) != expected:
-        missing, extra = sorted(expected - set(plan.orders)), sorted(set(plan.orders) - expected)
+    # Without enumerating every (stage, replica): replica counts may be huge in a malformed plan.
+    extra = sorted(key for key in plan.orders
+                   if not (0 <= key[0] < plan.num_stages and 0 <= key[1] < plan.replicas[key[0]]))
+    if extra or len(plan.orders) != sum(plan.replicas):
+        if sum(plan.replicas) <= 1 << 16:
+            expected = {(k, r) for k in range(plan.num_stages) for r in range(plan.replicas[k])}
+            missing: object = sorted(expected - set(plan.orders))
+        else:
+            missing = f"{sum(plan.replicas) - len(plan.orders) + len(extra)} of {sum(plan.replicas)}"
         raise PlanError(f"plan orders must have one entry per (stage, replica): missing {missing}, unexpected {extra}")
 
 

@@ -24,6 +24,13 @@ SCHEDULERS: dict[str, str] = {
     "auto": "pdml_ray.pipeline.auto:AutoScheduler",
 }
 
+MAX_STAGES = 1024
+MAX_REPLICAS = 1024
+"""Most stages, and replicas per stage, a schedule is built for."""
+MAX_ACTIONS = 1 << 20
+"""Most actions (2 x stages x micro-batches) one step's plan may hold: plans are built and validated in
+Python, and a step of a million actions is far beyond any pipeline's."""
+
 STATIC_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "1f1b-weighted", "critical-path")
 """Schedules whose plan is fixed before the step and run strictly in order (osprey's warm start and
 auto's static side are chosen from these)."""
@@ -33,11 +40,33 @@ def make_scheduler(name: str, *, stages: int, replicas: int | Sequence[int], mic
                    config: Any = None) -> PipelineScheduler:
     """Build scheduler ``name`` for ``stages`` x ``replicas`` (an int, or one count per stage).
 
-    ``config`` is a ``pdml_ray.config.PipelineConfig`` (or None for defaults).
+    ``config`` is a ``pdml_ray.config.PipelineConfig`` (or None for defaults). Sizes are checked here,
+    where they enter: ConfigError naming the argument unless ``1 <= stages <= MAX_STAGES``, every
+    replica count in ``[1, MAX_REPLICAS]``, ``microbatches >= 1`` and at most ``MAX_ACTIONS`` actions.
     """
-    if name not in SCHEDULERS:
+    if not isinstance(name, str) or name not in SCHEDULERS:
         raise ConfigError(f"unknown pipeline schedule {name!r}; valid names: {sorted(SCHEDULERS)}")
+    if not _count(stages, 1, MAX_STAGES):
+        raise ConfigError(f"pipeline stages must be an integer in [1, {MAX_STAGES}], got {stages!r}")
+    reps: tuple[int, ...]
+    if isinstance(replicas, int) and _count(replicas, 1, MAX_REPLICAS):
+        reps = (replicas,) * stages
+    elif isinstance(replicas, (list, tuple)) and all(_count(r, 1, MAX_REPLICAS) for r in replicas):
+        reps = tuple(int(r) for r in replicas)
+        if len(reps) != stages:
+            raise ConfigError(f"pipeline replicas has {len(reps)} counts for {stages} stages; give one per stage "
+                              "(or one integer for all)")
+    else:
+        raise ConfigError(f"pipeline replicas must be an integer in [1, {MAX_REPLICAS}] or a list of them, one per "
+                          f"stage (every stage needs at least one replica), got {replicas!r}")
+    if not _count(microbatches, 1, MAX_ACTIONS // (2 * stages)):
+        raise ConfigError(f"pipeline microbatches must be an integer in [1, {MAX_ACTIONS // (2 * stages)}] for "
+                          f"{stages} stages (at most {MAX_ACTIONS} actions per step), got {microbatches!r}")
     module_name, cls_name = SCHEDULERS[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    reps = (int(replicas),) * stages if isinstance(replicas, int) else tuple(int(r) for r in replicas)
     return cls(stages=stages, replicas=reps, microbatches=microbatches, config=config)
+
+
+def _count(x: Any, low: int, high: int) -> bool:
+    """An integer (not a bool) in [low, high]."""
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high

@@ -149,7 +149,13 @@ class RunningSquares:
 
 
 def normalized_ess(num_items: int, total: float, square: float) -> float:
-    """``(sum p)^2 / (N sum p^2)`` from the two sums; 1.0 (uniform) for one item or an all-zero vector."""
+    """``(sum p)^2 / (N sum p^2)`` from the two sums; 1.0 (uniform) for one item or an all-zero vector.
+
+    Raises ReportError for a NaN, infinite or negative sum: priorities that produce one are broken, and
+    reading them as "uniform" would call a poisoned table flat (and recalibrate it)."""
+    if not (math.isfinite(total) and math.isfinite(square) and total >= 0.0 and square >= 0.0):
+        raise ReportError(f"continuity: sum of priorities {total!r} and of their squares {square!r} must be finite "
+                          "and >= 0; the priorities hold a NaN, an infinite or a negative value")
     if num_items <= 1 or not total > 0.0 or not square > 0.0:
         return 1.0
     return min(total / num_items * (total / square), 1.0)  # in this order: no overflow of total^2
@@ -269,8 +275,13 @@ class ContinuityMonitor:
 def recalibrate_priorities(priorities: np.ndarray, recal: Recalibration, rng: np.random.Generator,
                            prior: float | None = None) -> np.ndarray:
     """New priorities after ``recal``: geometric pull towards ``prior`` (default: the median of the
-    positive priorities), then log-normal noise. Zeros stay zero; shape and dtype float64 as input."""
+    positive priorities), then log-normal noise. Zeros stay zero; shape and dtype float64 as input.
+    Raises ReportError for a NaN, infinite or negative priority or prior (nothing is computed then)."""
     p = np.asarray(priorities, dtype=np.float64)
+    if p.size and not (np.all(np.isfinite(p)) and p.min() >= 0.0):
+        raise ReportError("recalibrate_priorities: priorities must be finite and >= 0")
+    if prior is not None and not (math.isfinite(prior) and prior > 0.0):
+        raise ReportError(f"recalibrate_priorities: prior must be finite and > 0, got {prior!r}")
     out = p.copy()
     pos = p > 0
     if not pos.any():

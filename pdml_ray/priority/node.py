@@ -50,6 +50,11 @@ current predicted step time: a floor for gains too small to be worth a switch ev
 A changed prior (a worker said its type) is not noise and is published without the gate. With
 ``ema_alpha = 1`` (newest report only) there is no noise estimate and only the floor applies.
 
+Idle workers. With ``min_batch = 0`` a worker can be given 0 samples; its reports (0 samples) measure
+nothing, so its line would never learn that it became fast. After ``PROBE_AFTER`` boundaries at 0 it
+is given 1 sample (taken from the largest batch) for one interval without the noise gate, and its old
+line is replaced by one fitted from the probe's reports; a probe that leaves it idle doubles the wait.
+
 Limits. At a fixed point of the balance every worker runs one batch size; the spread that identified
 c is then forgotten and the fit shrinks back to the proportional model, which has the same fixed
 point (equal step times), so decisions hold; ``NodeStats.fixed_costs`` then reads ~0. After a
@@ -86,6 +91,11 @@ OUTLIER_FLOOR = 0.1
 real change of speed within a few reports."""
 MIN_SLOPE_FRACTION = 1e-3
 """The per-sample part of a step is at least this fraction of the mean step time (keeps r finite)."""
+PROBE_AFTER = 10
+"""With ``min_batch = 0``, a worker rounded to 0 samples measures nothing; after this many boundaries
+at 0 it gets 1 sample for one interval (a probe), its stale line is dropped and refitted from the
+probe's reports. Each probe that leaves it idle again doubles the wait (up to ``PROBE_AFTER_MAX``)."""
+PROBE_AFTER_MAX = 640
 
 
 def student_quantile(z: float, dof: float) -> float:
@@ -180,6 +190,11 @@ class StepTimeFit:
         s["w"][i] = w
         s["w2"][i] = lam * lam * s["w2"][i] + 1.0
         s["noise_prior"][i] *= lam
+
+    def reset(self, i: int) -> None:
+        """Forget worker i's reports (its next report starts a fresh line, with a fresh noise prior)."""
+        for name, v in self.stats.items():
+            v[i] = NOISE_PRIOR_REPORTS if name == "noise_prior" else 0.0
 
     def fit(self, i: int) -> LineFit:
         """The worker's line; requires at least one report."""
@@ -302,6 +317,9 @@ class NodePriorityDeriver(Deriver):
         self.accelerator_types = list(accelerator_types or ["CPU"] * num_workers)
         self.fit = StepTimeFit(num_workers, cfg.ema_alpha)
         self.current = self._decide_from(self.step_model())
+        self.idle_boundaries = np.zeros(num_workers, dtype=np.int64)  # boundaries each worker has had 0 samples
+        self.probe_after = np.full(num_workers, PROBE_AFTER, dtype=np.int64)
+        self.refit = np.zeros(num_workers, dtype=bool)  # probed: drop the stale line at its next measurement
 
     # -- measure ---------------------------------------------------------------------------------
     def on_register(self, worker_id: int, accelerator_type: str) -> None:
@@ -323,6 +341,10 @@ class NodePriorityDeriver(Deriver):
                 self.on_register(r.worker_id, r.accelerator_type)
             if r.step >= self.node_config.warmup_steps:
                 w = r.worker_id
+                if self.refit[w] and r.samples > 0:  # the first measurement of a probe: a fresh line
+                    self.fit.reset(w)
+                    self.refit[w] = False
+                    lines.pop(w, None)
                 if w not in lines and self.fit.stats["w"][w] > 0:
                     lines[w] = self.fit.fit(w)
                 self.fit.update(w, float(r.samples), float(r.compute_s), lines.get(w))
@@ -349,6 +371,10 @@ class NodePriorityDeriver(Deriver):
         """New sizes if they beat the current ones beyond the noise gate (a changed prior always)."""
         if not self.node_config.enabled:
             return None
+        probe = self._probe()
+        if probe is not None:
+            self.current = probe
+            return probe
         model = self.step_model()
         candidate = self._decide_from(model)
         if candidate.batch_sizes == self.current.batch_sizes:
@@ -358,7 +384,30 @@ class NodePriorityDeriver(Deriver):
                                                                    candidate.batch_sizes):
             return None
         self.current = candidate
+        self.probe_after[np.asarray(candidate.batch_sizes) > 0] = PROBE_AFTER  # measured again: back to the start
         return candidate
+
+    def _probe(self) -> NodeDecision | None:
+        """The current sizes with 1 sample for every worker idle for its ``probe_after`` boundaries (taken
+        from the largest batches), or None when none is due (module docstring, "Idle workers")."""
+        sizes = np.array(self.current.batch_sizes, dtype=np.int64)
+        idle = sizes == 0
+        self.idle_boundaries = np.where(idle, self.idle_boundaries + 1, 0)
+        due = np.flatnonzero(idle & (self.idle_boundaries >= self.probe_after))
+        if due.size == 0:
+            return None
+        for w in due:
+            donor = int(np.argmax(sizes))
+            if sizes[donor] <= max(self.node_config.min_batch, 1):
+                break  # nothing left to give (cannot happen while some worker is idle and B >= 1)
+            sizes[donor] -= 1
+            sizes[w] = 1
+            self.refit[w] = True
+            self.probe_after[w] = min(2 * self.probe_after[w], PROBE_AFTER_MAX)
+            self.idle_boundaries[w] = 0
+        total = int(sizes.sum())
+        return NodeDecision.from_sizes(0, 0, sizes, sizes / total,
+                                       reason=f"probe: re-measuring idle workers {due.tolist()}")
 
     def worth_switching(self, model: StepModel, current: Sequence[int], candidate: Sequence[int]) -> bool:
         """The noise gate (module docstring): is ``candidate`` predicted faster beyond the fits'
@@ -408,7 +457,9 @@ class NodePriorityDeriver(Deriver):
     # -- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"fit": self.fit.state_dict(), "decision": self.current.to_dict(),
-                "accelerator_types": list(self.accelerator_types)}
+                "accelerator_types": list(self.accelerator_types),
+                "idle": {"boundaries": self.idle_boundaries.tolist(), "probe_after": self.probe_after.tolist(),
+                         "refit": self.refit.tolist()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         decision = NodeDecision.from_dict(state["decision"])
@@ -423,6 +474,14 @@ class NodePriorityDeriver(Deriver):
             for i, (rate, seen) in enumerate(zip(saved["values"], saved["measured"])):
                 if seen and decision.batch_sizes[i] > 0:
                     self.fit.update(i, decision.batch_sizes[i], decision.batch_sizes[i] / rate)
+        idle = state.get("idle")  # absent in states written before idle workers were probed
+        if idle is not None:
+            arrays = (np.asarray(idle["boundaries"], dtype=np.int64), np.asarray(idle["probe_after"], dtype=np.int64),
+                      np.asarray(idle["refit"], dtype=bool))
+            if any(a.shape != (self.num_workers,) for a in arrays):
+                raise StateError(f"saved idle-worker state is not for {self.num_workers} workers; resume with the "
+                                 "same number of workers")
+            self.idle_boundaries, self.probe_after, self.refit = arrays
         self.current = decision
         self.accelerator_types = list(state["accelerator_types"])
 

@@ -15,7 +15,14 @@ Unbiasedness. With replacement (the default) the draws are i.i.d. from p, so wit
 quantity f (a loss, a gradient). The max-normalisation of the weights multiplies that estimate by
 one positive number per step (a learning-rate factor; ``probabilities`` gives the raw p). Without
 replacement (``replacement=False``) a step's indices are distinct and the same weights are used: a
-small bias that vanishes as B / N -> 0.
+small bias that vanishes as B / N -> 0. (A step larger than the data set takes every sample, some more
+than once, and is counted in ``distinct_shortfalls``: plans keep coming.)
+
+Bad input. Per-sample losses are checked whole before anything is written (``feedback_problem``):
+indices in [0, N), and no loss above ``max_loss``, the largest whose weight s^alpha keeps every sum
+over the table finite (1e300 / N, to the power 1 / alpha for alpha > 1). The scheduler runs the same
+check per report (``SamplePriorityDeriver.report_rejection``), so a refused report is counted and the
+rest of its batch applied; a checkpoint's scores are checked the same way before they are loaded.
 
 Never-seen samples score the maximum score seen so far (``unseen_score='max'``, the default), so
 they are drawn early: the first epoch visits (nearly) every sample before the sampler can focus.
@@ -56,6 +63,7 @@ which go to ``update(indices, losses, step)``; ``state_dict()`` goes into the ch
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -65,7 +73,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from pdml_ray.config import ContinuityConfig, PDMLConfig, SamplePriorityConfig
-from pdml_ray.decisions import Boundary, Decision, NodeDecision, SampleDecision, SamplePlan, WorkerReport
+from pdml_ray.decisions import (Boundary, Decision, NodeDecision, Rejection, SampleDecision, SamplePlan,
+                                WorkerReport)
 from pdml_ray.errors import ConfigError, PlanError, ReportError, StateError
 from pdml_ray.priority.base import Deriver, GaugeValue
 from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, RunningSquares, dot,
@@ -73,7 +82,14 @@ from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, 
 from pdml_ray.priority.estimators import EMA
 from pdml_ray.priority.sumtree import SumTree
 
+logger = logging.getLogger(__name__)
+
+_MAX_PLAN_SAMPLES = 1 << 28  # indices one plans() call may hand out (2 GiB of int64 plus weights)
+
 _MAX_REJECTION_ROUNDS = 64
+_MAX_MASS = 1e300
+"""Largest total sampling mass (sum of s^alpha, and sum of scores) the table lets in: below float64's
+overflow with room for the unseen group's mass, so no sum the sampler or a checkpoint holds is inf."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +117,8 @@ class SampleStats:
     recalibration_seconds: float
     continuity_update_seconds: float = 0.0
     """The part of continuity_seconds spent keeping the running sum of squares up to date (s)."""
+    distinct_shortfalls: int = 0
+    """Steps of ``replacement=False`` plans that took more samples than the data set has (drawn with repeats)."""
 
     def summary_lines(self) -> list[str]:
         return [f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
@@ -145,6 +163,10 @@ class SamplePrioritizer:
         self.samples_drawn = 0
         self.recalibrations = 0
         self.uniform_fallbacks = 0
+        self.distinct_shortfalls = 0  # replacement=False plans larger than the data set (drawn with repeats)
+        # The largest loss the table takes: every score's s^alpha, and the sums over N of them, stay finite.
+        a = self.config.exponent
+        self.max_loss = _MAX_MASS / n if a <= 1.0 else (_MAX_MASS / n) ** (1.0 / a)
         self.check_seconds = 0.0                              # wall time of continuity checks + bookkeeping (s)
         self.squares_seconds = 0.0                            # the bookkeeping part of check_seconds (s)
         # Running sum of squared tree leaves for the check's ESS, on large tables only (None: a pass per check)
@@ -235,10 +257,20 @@ class SamplePrioritizer:
         return self.rng.permutation(np.concatenate(parts))
 
     def _draw_distinct(self, count: int, mix: float) -> np.ndarray:
-        """``count`` distinct samples: repeated draws from p, duplicates rejected (``replacement=False``)."""
-        if count > self.num_samples:
-            raise ConfigError(f"cannot draw {count} distinct samples from {self.num_samples}; "
-                             "set sample_priority.replacement=True or lower the global batch size")
+        """``count`` distinct samples: repeated draws from p, duplicates rejected (``replacement=False``).
+
+        A step larger than the data set cannot be distinct: it gets every sample ``count // N`` times
+        (in random order) plus ``count % N`` distinct draws, i.e. as distinct as it can be, and the
+        shortfall is counted (``distinct_shortfalls``) rather than failing every plan."""
+        n = self.num_samples
+        if count > n:
+            if self.distinct_shortfalls == 0:
+                logger.warning("sample_priority.replacement=False but a step takes %d samples from a data set of %d: "
+                               "each sample is used about %d times per step; raise the data set size or lower the "
+                               "global batch size", count, n, count // n)
+            self.distinct_shortfalls += 1
+            whole = [self.rng.permutation(n) for _ in range(count // n)]
+            return self.rng.permutation(np.concatenate(whole + [self._draw_distinct(count % n, mix)]))
         taken = np.zeros(self.num_samples, dtype=bool)
         chosen = np.empty(0, dtype=np.int64)
         for _ in range(_MAX_REJECTION_ROUNDS):
@@ -265,12 +297,22 @@ class SamplePrioritizer:
         out once per decision interval. With replacement all of them come from one draw (one tree
         descent instead of one per step); the distribution, including the uniform mix, is the one in
         effect at ``first_step``, and beta is annealed per step."""
+        def integer(x: object) -> bool:
+            return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+        if not (isinstance(batch_sizes, (list, tuple, np.ndarray)) and len(batch_sizes) >= 1
+                and all(integer(b) and b >= 0 for b in batch_sizes)):
+            raise PlanError(f"batch_sizes must be a non-empty sequence of integers >= 0 (one per worker), "
+                            f"got {batch_sizes!r}")
+        if not (integer(num_steps) and num_steps >= 1):
+            raise PlanError(f"num_steps must be an integer >= 1, got {num_steps!r}")
+        if not (integer(first_step) and first_step >= 0):
+            raise PlanError(f"first_step must be an integer >= 0, got {first_step!r}")
         sizes = [int(b) for b in batch_sizes]
-        if not sizes or min(sizes) < 0:
-            raise PlanError(f"batch_sizes must be non-negative integers, got {list(batch_sizes)}")
-        if num_steps < 1:
-            raise PlanError(f"num_steps must be >= 1, got {num_steps}")
         total = sum(sizes)
+        if total * num_steps > _MAX_PLAN_SAMPLES:
+            raise PlanError(f"plans for {num_steps} steps of {total} samples ({total * num_steps} indices) exceed "
+                            f"{_MAX_PLAN_SAMPLES}; lower the decision interval or the global batch size")
         mix = self.mix(first_step)
         if self.config.replacement:
             drawn = self._draw(total * num_steps, mix)
@@ -299,15 +341,16 @@ class SamplePrioritizer:
     def update(self, indices: np.ndarray, losses: np.ndarray, step: int) -> ContinuityVerdict | None:
         """Record per-sample losses from ``step`` (int (B,), float (B,)). Duplicates: the last one wins.
 
-        Non-finite losses are dropped; negative ones count as 0 (a score is a sampling weight).
-        Returns the continuity verdict if a check ran at this step.
+        Non-finite losses are dropped; negative ones count as 0 (a score is a sampling weight); a loss
+        above ``max_loss`` (its weight or the table's sums would overflow) refuses the whole update with
+        ReportError before anything is written (``feedback_problem``). Returns the continuity verdict if
+        a check ran at this step.
         """
         idx = np.asarray(indices, dtype=np.int64).ravel()
         loss = np.asarray(losses, dtype=np.float64).ravel()
-        if idx.shape != loss.shape:
-            raise ReportError(f"update: {idx.size} indices vs {loss.size} losses; pass one loss per index")
-        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
-            raise ReportError(f"update: sample indices must lie in [0, {self.num_samples}) (positions in the data set)")
+        problem = self.feedback_problem(idx, loss)
+        if problem is not None:
+            raise ReportError(f"update: {problem}")
         ok = np.isfinite(loss)
         idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
         if idx.size:
@@ -334,6 +377,22 @@ class SamplePrioritizer:
             verdict = self.check(step)
             self.check_seconds += time.perf_counter() - t0 - (self.recalibration_seconds - recal_before)
             return verdict
+        return None
+
+    def feedback_problem(self, indices: np.ndarray, losses: np.ndarray) -> str | None:
+        """Why per-sample feedback (int (B,), float (B,)) must not enter the table, or None. Checked in
+        full before ``update`` writes anything, and by the scheduler per report."""
+        if indices.shape != losses.shape:
+            return f"{indices.size} indices vs {losses.size} losses; pass one loss per index"
+        if indices.size and (indices.min() < 0 or indices.max() >= self.num_samples):
+            return f"sample indices must lie in [0, {self.num_samples}) (positions in the data set)"
+        with np.errstate(invalid="ignore"):
+            too_large = losses[np.isfinite(losses)] > self.max_loss
+        if too_large.any():
+            return (f"a per-sample loss of {float(losses[np.isfinite(losses)][too_large][0]):.4g} exceeds "
+                    f"{self.max_loss:.4g}, the largest this table takes at sample_priority.exponent="
+                    f"{self.config.exponent:g} over {self.num_samples} samples (its weight would overflow); the "
+                    "worker's loss diverged or is not a per-sample loss")
         return None
 
     def _decay_stale(self, step: int) -> None:
@@ -449,7 +508,8 @@ class SamplePrioritizer:
             continuity_checks=mon.checks if mon else 0, uniform_mix=float(self._last_mix), beta=float(self._last_beta),
             seen_fraction=1.0 - self.unseen_count / self.num_samples, epoch=self.samples_drawn / self.num_samples,
             uniform_fallbacks=self.uniform_fallbacks, continuity_seconds=self.check_seconds,
-            recalibration_seconds=self.recalibration_seconds, continuity_update_seconds=self.squares_seconds)
+            recalibration_seconds=self.recalibration_seconds, continuity_update_seconds=self.squares_seconds,
+            distinct_shortfalls=self.distinct_shortfalls)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -460,7 +520,7 @@ class SamplePrioritizer:
             "recal_until": self.recal_until, "cursor": self._cursor, "last_sweep_step": self._last_sweep_step,
             "last_check_step": self._last_check_step, "samples_drawn": self.samples_drawn,
             "recalibrations": self.recalibrations, "uniform_fallbacks": self.uniform_fallbacks,
-            "rng": self.rng.bit_generator.state,
+            "distinct_shortfalls": self.distinct_shortfalls, "rng": self.rng.bit_generator.state,
         }
         if self.monitor is not None:
             d["monitor"] = {"checks": self.monitor.checks, "collapsed_flat": self.monitor.collapsed_flat,
@@ -472,6 +532,17 @@ class SamplePrioritizer:
         if int(d["num_samples"]) != self.num_samples:
             raise StateError(f"checkpoint has a table of {d['num_samples']} samples, this data set has "
                              f"{self.num_samples}; sample priorities only resume on the same data set")
+        # Validate everything before anything is written: a refused checkpoint leaves the table as it was.
+        n = self.num_samples
+        scores, seen = np.asarray(d["scores"], dtype=np.float64), np.asarray(d["seen"], dtype=bool)
+        last_step = np.asarray(d["last_step"], dtype=np.int64)
+        if scores.shape != (n,) or seen.shape != (n,) or last_step.shape != (n,):
+            raise StateError(f"checkpoint's sample table arrays have shapes {scores.shape}, {seen.shape}, "
+                             f"{last_step.shape}; expected ({n},) each")
+        if seen.any() and not (np.all(np.isfinite(scores[seen])) and scores[seen].min() >= 0.0
+                               and scores[seen].max() <= self.max_loss):
+            raise StateError(f"checkpoint's sample scores must be finite and in [0, {self.max_loss:.4g}]; this one "
+                             "was written before bad losses were refused: resume without its sample table")
         self._scores.load_state_dict({"values": d["scores"], "measured": d["seen"]})
         self.scores[~self.seen] = 0.0  # as in a fresh table: the running sum of squares relies on it
         self.last_step = np.array(d["last_step"], dtype=np.int64)
@@ -479,6 +550,7 @@ class SamplePrioritizer:
         self._cursor, self._last_sweep_step = int(d["cursor"]), d["last_sweep_step"]
         self._last_check_step, self.samples_drawn = d["last_check_step"], int(d["samples_drawn"])
         self.recalibrations, self.uniform_fallbacks = int(d["recalibrations"]), int(d["uniform_fallbacks"])
+        self.distinct_shortfalls = int(d.get("distinct_shortfalls", 0))
         self.rng.bit_generator.state = d["rng"]
         self._unseen_list = np.flatnonzero(~self.seen).astype(np.int64)
         self.unseen_count = int(self._unseen_list.size)
@@ -507,6 +579,17 @@ class SamplePriorityDeriver(Deriver):
             assert self.config.sample_priority is not None  # the registry builds this deriver only when enabled
             self.table = SamplePrioritizer(num_samples, self.config.sample_priority, self.config.continuity,
                                            seed=self.config.seed)
+
+    def report_rejection(self, report: WorkerReport) -> Rejection | None:
+        """The table's own check of one report's per-sample feedback (the scheduler calls it before any
+        deriver ingests the report, so a refused report is counted and never half-applied)."""
+        if self.table is None or report.sample_indices is None or report.sample_losses is None:
+            return None
+        problem = self.table.feedback_problem(np.asarray(report.sample_indices, dtype=np.int64).ravel(),
+                                              np.asarray(report.sample_losses, dtype=np.float64).ravel())
+        if problem is None:
+            return None
+        return Rejection("sample_losses", f"worker {report.worker_id} step {report.step}: {problem}")
 
     def ingest(self, reports: Sequence[WorkerReport]) -> None:
         """All per-sample losses of a report batch go into the table in one update."""

@@ -56,6 +56,8 @@ class SumTree:
         """Replace every score (scalar or shape (N,)) and rebuild all sums: O(N)."""
         values = np.broadcast_to(np.asarray(values, dtype=np.float64), (self.num_items,))
         _check_values(values)
+        with np.errstate(over="ignore"):
+            _check_total(float(values.sum()))
         self.levels[-1][:self.num_items] = values
         self.levels[-1][self.num_items:] = 0.0
         for d in range(self.depth - 1, -1, -1):
@@ -86,12 +88,23 @@ class SumTree:
         if idx.min() < 0 or idx.max() >= self.num_items:
             raise ReportError(f"SumTree.update: indices must lie in [0, {self.num_items}) (positions in the data set)")
         if unique:
-            nodes = idx.copy()
+            nodes = idx
         else:
             # Last write wins: np.unique on the reversed batch returns each index's first position
             # there, i.e. its last position in the batch (numpy leaves repeated fancy writes unordered).
             nodes, first_in_reversed = np.unique(idx[::-1], return_index=True)
             vals = vals[::-1][first_in_reversed]
+        old = self.levels[-1][nodes]
+        with np.errstate(over="ignore"):  # validate, then write: the new total must stay finite
+            _check_total(self.total - float(old.sum()) + float(vals.sum()))
+        self._write(nodes, vals)
+        if not np.isfinite(self.levels[0][0]):  # rounding at the very edge of float64: undo
+            self._write(nodes, old)
+            _check_total(float("inf"))
+
+    def _write(self, nodes: np.ndarray, vals: np.ndarray) -> None:
+        """Write distinct leaves ``nodes`` and recompute their ancestors (``nodes`` is consumed)."""
+        nodes = nodes.copy()
         self.levels[-1][nodes] = vals
         for d in range(self.depth - 1, -1, -1):
             # Siblings share a parent, so ``nodes`` repeats entries; every copy writes the same sum,
@@ -102,12 +115,14 @@ class SumTree:
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """``count`` i.i.d. indices (int64, shape (count,)) with P(i) = s_i / sum(s), i.e. with replacement.
 
-        Raises ValueError when every score is 0 (there is no distribution to draw from); callers that
+        Raises PlanError (a ValueError) when every score is 0 (there is no distribution to draw from); callers that
         mix in a uniform floor handle that case before calling (see SamplePrioritizer).
         """
         total = self.levels[0][0]
         if not total > 0.0:
             raise PlanError("SumTree.draw: all scores are 0; set some score > 0 or sample uniformly instead")
+        if total < _TINY_TOTAL:  # a few subnormal units: targets u * total lose all precision
+            return self._draw_exact(count, rng)
         leaf = self._descend(rng.random(count) * total)
         # Rounding can leave a target a hair past the last non-empty child of a node and land on an
         # empty leaf (probability ~1e-16 per draw); draw those again.
@@ -116,7 +131,18 @@ class SumTree:
             if not empty.any():
                 break
             leaf[empty] = self._descend(rng.random(int(empty.sum())) * total)
+        empty = self.levels[-1][leaf] <= 0.0
+        if empty.any():
+            leaf[empty] = self._draw_exact(int(empty.sum()), rng)
         return leaf
+
+    def _draw_exact(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        """``draw`` by one pass over the leaves, scaled by a power of two so their total is near 1 (exact
+        for subnormal leaves): O(N), for totals too small for the descent and rounding leftovers."""
+        _, exponent = np.frexp(self.levels[0][0])
+        cdf = np.cumsum(np.ldexp(self.levels[-1][:self.num_items], -int(exponent)))
+        leaf = np.searchsorted(cdf, rng.random(count) * cdf[-1], side="right")  # lands on a positive leaf
+        return np.minimum(leaf, self.num_items - 1).astype(np.int64)
 
     def _descend(self, u: np.ndarray) -> np.ndarray:
         """Leaf under each target u in [0, total) (u: float (B,), modified in place), root to leaf."""
@@ -132,6 +158,16 @@ class SumTree:
             u -= before[rows, choice]
             node = (node << _SHIFT) + choice
         return node
+
+
+_TINY_TOTAL = 1e-290
+"""Below this total, ``draw`` goes through ``_draw_exact`` (2^52 x the smallest normal float64)."""
+
+
+def _check_total(total: float) -> None:
+    if not np.isfinite(total):
+        raise ReportError("SumTree: these scores would make the total overflow float64 (inf); scores must sum "
+                          "to a finite number, so refuse or rescale the huge score first")
 
 
 def _check_values(values: np.ndarray) -> None:

@@ -75,7 +75,7 @@ def test_registration_moves_the_prior_at_the_next_boundary():
     (dict(compute_s=float("nan")), "compute_s"),
     (dict(compute_s=-1.0), "compute_s"),
     (dict(compute_s=0.0), "compute_s"),
-    (dict(samples=0), "samples"),
+    (dict(samples=-1), "samples"),  # 0 is an idle step (min_batch = 0), logged but not an error
     (dict(worker_id=7), "unknown worker"),
     (dict(wait_s=float("inf")), "wait_s"),
 ])
