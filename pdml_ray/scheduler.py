@@ -106,6 +106,27 @@ class SchedulerStats:
         return out
 
 
+class ReportLog:
+    """The newest ``capacity`` report rows in a ring buffer allocated once (``capacity x 8`` float64:
+    12.8 MB at the default 200,000 rows), so the scheduler's memory stays flat however long it runs."""
+
+    def __init__(self, capacity: int) -> None:
+        self._rows = np.zeros((max(1, capacity), len(_LOG_COLUMNS)))
+        self._next = 0  # rows ever appended; the newest lives at (_next - 1) % capacity
+
+    def append(self, row: tuple) -> None:
+        self._rows[self._next % len(self._rows)] = row
+        self._next += 1
+
+    def __len__(self) -> int:
+        return min(self._next, len(self._rows))
+
+    def rows(self) -> np.ndarray:
+        """A copy of the kept rows, oldest first."""
+        n, cap = self._next, len(self._rows)
+        return self._rows[:n].copy() if n <= cap else np.roll(self._rows, -(n % cap), axis=0)
+
+
 class Scheduler:
     """Central state of one training run: derivers, versioned decisions, telemetry log."""
 
@@ -128,7 +149,7 @@ class Scheduler:
         self.decide_errors = 0
         self.last_step = -1  # newest step any accepted report came from
         self.ingest_s = 0.0  # time spent inside report() (seconds): the scheduler's own cost
-        self._log: deque[tuple] = deque(maxlen=max_log_rows)
+        self._log = ReportLog(max_log_rows)
         self.measurements: dict[str, float] = {}  # named one-off measurements from workers (e.g. comm_s)
         for name, deriver in self.derivers.items():
             initial = deriver.initial()
@@ -262,7 +283,7 @@ class Scheduler:
 
     def telemetry(self) -> dict[str, np.ndarray]:
         """The report log as columns (numpy arrays), for summaries and benchmarks."""
-        rows = np.array(self._log, dtype=np.float64) if self._log else np.zeros((0, len(_LOG_COLUMNS)))
+        rows = self._log.rows()
         return {name: rows[:, i] for i, name in enumerate(_LOG_COLUMNS)}
 
     def stats(self) -> SchedulerStats:

@@ -164,3 +164,16 @@ def test_stats_say_what_the_run_emulates_in_the_summary_and_every_gauges_help_te
                for g in stats.gauges())
     real = Scheduler(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8)), 2).stats()
     assert real.emulation is None and not any("EMULATED" in g.description for g in real.gauges())
+
+
+def test_the_report_log_keeps_the_newest_rows_in_a_fixed_buffer():
+    from pdml_ray.scheduler import ReportLog
+
+    log = ReportLog(3)
+    assert log.rows().shape == (0, 8) and len(log) == 0
+    for k in range(5):
+        log.append((k,) * 8)
+    assert len(log) == 3 and log.rows()[:, 0].tolist() == [2.0, 3.0, 4.0]  # oldest first
+    log2 = ReportLog(4)
+    log2.append((7,) * 8)
+    assert log2.rows()[:, 1].tolist() == [7.0]
