@@ -50,6 +50,13 @@ class DPWorker:
             os._exit(1)  # EMULATED death: the process goes away mid-step, as a crashed node's would
         return worker.run(step, params, task, *old_params)
 
+    def tick(self, step: int) -> int:
+        """The aggregator reached ``step`` while this worker still computes an older one (asynchronous
+        policies): an EMULATED death due by ``step`` happens now, mid-computation."""
+        if self.worker is not None and self.worker.dies_at(step):
+            os._exit(1)
+        return step
+
     def stop(self) -> None:
         """Cut short whatever step is sleeping (the run is over)."""
         if self.worker is not None:

@@ -8,6 +8,7 @@ BENCHMARKS: dict[str, str] = {
     "hetero": "pdml_ray.bench.hetero",
     "sampling": "pdml_ray.bench.sampling",
     "pipeline": "pdml_ray.bench.pipeline",
+    "gradients": "pdml_ray.bench.gradients",
     "scheduler": "pdml_ray.bench.scheduler",
     "stragglers": "pdml_ray.bench.stragglers",
 }

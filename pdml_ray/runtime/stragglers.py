@@ -18,6 +18,16 @@ policy's ``Combination`` uses, sums them in float64, takes an SGD step and publi
   loss, grad_norm); the records keep them all, and a scheduler actor (``create_scheduler``, or any
   actor with ``report(list[WorkerReport])``) passed as ``scheduler`` receives the completed ones
   (not the cut-short ones) fire-and-forget, once per step.
+- **Gradient priorities** (policies with ``gradient_priority``: ``topk``, ``async``): the completed
+  reports also go into an in-process scheduler (``GradientFeed``, node + gradient derivers) inside
+  the timed step, before the combination; its decisions go to ``policy.adopt``. ``self.feed.cost_s``
+  is the time spent there (part of the step times).
+- **Asynchronous policies** (``policy.asynchronous``: ``async``): a worker gets a task only when
+  ``policy.gives_task`` says so (idle, or its task too stale to use), so it is not cut short by the
+  next step and its reply, from an older step, counts when it arrives. Every step, each busy worker
+  is ``tick``-ed (its EMULATED death happens at the step it is due, as for the others) and a dead
+  one's unfinished or unfetched result is dropped. ``step_time_s`` then runs from the end of the
+  previous step (its evaluation included: the workers keep computing through it).
 
 Timing: ``step_time_s`` runs from publishing the parameters to the updated parameters. The full
 loss and full gradient (for the figures: time to target, gradient cosine) are computed on the
@@ -33,7 +43,7 @@ from typing import Any, Literal
 
 import ray
 import torch
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 from torch import Tensor, nn
 
 from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, launch_dp_worker
@@ -41,6 +51,7 @@ from pdml_ray.config.stragglers import StragglerConfig
 from pdml_ray.decisions import WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, UsageError
 from pdml_ray.stragglers.delays import NoStragglers, StragglerModel
+from pdml_ray.stragglers.gradient_feed import GradientFeed
 from pdml_ray.stragglers.policy import Arrival, StragglerPolicy, combine_messages
 from pdml_ray.stragglers.problem import worker_partitions
 from pdml_ray.stragglers.registry import make_policy
@@ -104,6 +115,7 @@ class StragglerRuntime:
         self.model = model
         self.evaluate = FullObjective(model, loss_fn, x, y, l2)
         self._own_pool = pool is None
+        self.feed = GradientFeed.for_policy(policy, len(x) // policy.num_partitions)
         self.pool = pool if pool is not None else WorkerPool(num_cpus_per_worker)
         self._actors = self.pool.take(policy.num_workers)
         ray.get([a.configure.remote(w, model, loss_fn, held, l2=l2, straggler_model=self.straggler_model,
@@ -142,7 +154,10 @@ class StragglerRuntime:
         pending: dict[ray.ObjectRef, tuple[int, int, ray.ObjectRef]] = {}  # reply ref -> (worker, step, message ref)
         dead: dict[int, int] = {}  # worker -> step at which its death was noticed
         stalled: str | None = None
+        previous_end = time.perf_counter()
         for step in range(steps):
+            if policy.asynchronous:
+                self._tick_busy(step, pending, dead)
             alive = frozenset(range(policy.num_workers)) - set(dead)
             if not policy.feasible(alive):
                 stalled = self._death_note(dead, step)
@@ -151,7 +166,8 @@ class StragglerRuntime:
             history[step] = ray.put(params)
             for old in [s for s in history if s < step - policy.s - 2]:
                 del history[old]
-            tasks = {w: policy.task(w, step) for w in sorted(alive)}
+            in_flight = {w: s for w, s, _ in pending.values()}
+            tasks = {w: policy.task(w, step) for w in sorted(alive) if policy.gives_task(w, step, in_flight.get(w))}
             for w, task in tasks.items():
                 msg_ref, reply_ref = self._actors[w].run.options(num_returns=2).remote(
                     step, history[step], task, *[history[s] for s in task.param_steps])
@@ -164,7 +180,7 @@ class StragglerRuntime:
                 if not policy.feasible(alive):
                     stalled = self._death_note(dead, step)
                     break
-                if not any(s == step for _, s, _ in pending.values()):
+                if not any(s == step or policy.asynchronous for _, s, _ in pending.values()):
                     stalled = f"step {step}: every alive worker answered and {policy.describe()} is still not ready"
                     break
                 remaining = t0 + self.step_timeout_s - time.perf_counter()
@@ -187,17 +203,19 @@ class StragglerRuntime:
                     reports.append(reply.report)
                     if not reply.cancelled:  # a cut-short step's compute_s is not a throughput sample
                         measured.append(reply.report)
-                    if s == step and not reply.cancelled:
+                    if (s == step or policy.asynchronous) and not reply.cancelled:
                         arrivals[w] = reply.arrival
                         message_refs[w] = msg_ref
             if stalled:
                 break
+            if self.feed is not None:
+                self.feed.observe(step, measured, policy)
             combination = policy.combine(step, list(arrivals.values()))
             used = [w for w, _ in combination.weights]
             messages = dict(zip(used, ray.get([message_refs[w] for w in used])))
             gradient = combine_messages(combination, messages)
             params = params - self.lr * gradient.to(torch.float32)
-            step_time = time.perf_counter() - t0
+            step_time = time.perf_counter() - (previous_end if policy.asynchronous else t0)
             # outside the timed step: the figures' full loss and gradient, and the telemetry
             grad_cos = cosine(gradient, full)
             loss, full = self.evaluate(params)
@@ -206,10 +224,26 @@ class StragglerRuntime:
             records.append(StepRecord(step, step_time, loss, grad_cos, combination,
                                       tuple(t.partitions_computed for t in tasks.values()), tuple(arrivals),
                                       tuple(sorted(dead)), tuple(reports)))
+            previous_end = time.perf_counter()
         nn.utils.vector_to_parameters(params, self.model.parameters())
         if stalled and on_stall == "raise":
             raise StragglerStallError(f"{policy.describe()} stalled: {stalled}")
         return RunResult(policy.name, self.straggler_model.label, tuple(records), stalled, initial, params)
+
+    def _tick_busy(self, step: int, pending: dict[ray.ObjectRef, tuple[int, int, ray.ObjectRef]],
+                   dead: dict[int, int]) -> None:
+        """Asynchronous policies: tell each busy worker the step (an EMULATED death due now happens);
+        a worker found dead loses its pending results (unfinished, or finished and not yet taken)."""
+        busy = sorted({w for w, _, _ in pending.values()} - set(dead))
+        for w, ref in [(w, self._actors[w].tick.remote(step)) for w in busy]:
+            try:
+                ray.get(ref, timeout=self.step_timeout_s)
+            except RayActorError:
+                dead.setdefault(w, step)
+                for r in [r for r, (v, _, _) in pending.items() if v == w]:
+                    del pending[r]
+            except GetTimeoutError:
+                pass  # slow to answer but alive: its result still counts when it comes
 
     def _death_note(self, dead: dict[int, int], step: int) -> str:
         named = ", ".join(f"worker {w} (noticed at step {s})" for w, s in sorted(dead.items()))

@@ -21,11 +21,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import torch
 
 from pdml_ray.errors import PlanError
+
+if TYPE_CHECKING:
+    from pdml_ray.config.gradient import GradientPriorityConfig
+    from pdml_ray.decisions import GradientDecision
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +167,25 @@ class StragglerPolicy(ABC):
     """
 
     name: ClassVar[str] = ""
+    asynchronous: ClassVar[bool] = False
+    """True: a worker keeps computing across steps (it gets a new task only when ``gives_task`` says so)
+    and an arrival from an older step is this step's too; False: every alive worker gets every step's
+    task, which cuts its older one short, and only this step's arrivals count."""
+    gradient_priority: GradientPriorityConfig | None = None
+    """Set by policies that act on gradient priorities (topk, async): the runtime then feeds the step's
+    reports to an in-process scheduler with these derivers (``pdml_ray.stragglers.gradient_feed``) and
+    hands its decisions to ``adopt``."""
 
     def __init__(self, workers: int, stragglers: int, seed: int = 0) -> None:
         self.n, self.s, self.seed = int(workers), int(stragglers), int(seed)
+
+    def gives_task(self, worker: int, step: int, in_flight: int | None) -> bool:
+        """Whether ``worker``, still computing the task of step ``in_flight`` (None: idle), gets ``step``'s
+        task (which cuts the older one short). Synchronous policies: always."""
+        return True
+
+    def adopt(self, decision: GradientDecision) -> None:
+        """A new gradient-priority decision (only policies with ``gradient_priority`` get any)."""
 
     @property
     def num_workers(self) -> int:

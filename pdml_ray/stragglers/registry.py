@@ -23,6 +23,8 @@ POLICIES: dict[str, str] = {
     "gc-cr": "pdml_ray.stragglers.policies.gc:CRGradientCoding",
     "pgc-fr": "pdml_ray.stragglers.policies.pgc:PipelinedFR",
     "pgc-cr": "pdml_ray.stragglers.policies.pgc:PipelinedCR",
+    "topk": "pdml_ray.stragglers.policies.topk:TopKPolicy",
+    "async": "pdml_ray.stragglers.policies.async_updates:AsyncPolicy",
 }
 
 
