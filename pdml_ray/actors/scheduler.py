@@ -25,7 +25,7 @@ EXPORT_INTERVAL_S = 1.0
 on every call capped the actor at a few hundred calls per second)."""
 
 
-REPORT_CHUNK = 256
+REPORT_CHUNK = 128
 """Reports ingested per hold of the state lock (about a millisecond's work)."""
 
 
@@ -42,30 +42,37 @@ class MeteredScheduler(Scheduler):
         self._cpu0 = time.process_time()
         self._cpu_marks: deque[tuple[int, float]] = deque(maxlen=2000)  # (last step, process CPU s) per report
         self._exported_at = -float("inf")
+        self._decision_waiting = False
+        self._export_due = False  # a new decision since the last export
 
     def register(self, worker_id: int, accelerator_type: str) -> None:
         with self._lock:
             super().register(worker_id, accelerator_type)
             self.registered.add(worker_id)
-            self._export(force=len(self.registered) == self.num_workers)
+        self._export(force=len(self.registered) == self.num_workers)
 
     @ray.method(concurrency_group="reports")
     def report(self, reports: list[WorkerReport]) -> None:  # type: ignore[override]  # ray.method's stub
         # in chunks, releasing the lock between them: a decision waits for one chunk at most, however
         # many reports a client coalesced into this call
         for start in range(0, len(reports), REPORT_CHUNK):
+            while self._decision_waiting:  # a decision is waiting for the lock: let it go first
+                time.sleep(0.0002)
             with self._lock:
                 super().report(reports[start:start + REPORT_CHUNK])
         with self._lock:
             self._cpu_marks.append((self.last_step, time.process_time() - self._cpu0))
-            self._export()
+        self._export(force=self._export_due)
 
     @ray.method(concurrency_group="decisions")
     def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:  # type: ignore[override]
+        self._decision_waiting = True  # the report thread yields the lock between chunks (Python's lock is not fair)
         with self._lock:
+            self._decision_waiting = False
             bundle = super().bundle(boundary, since)
-            self._export(force=bool(bundle))
-            return bundle
+        # a new decision is exported by the report thread right after: this thread only decides
+        self._export_due = self._export_due or bool(bundle)
+        return bundle
 
     def stats(self) -> SchedulerStats:
         with self._lock:
@@ -97,14 +104,16 @@ class MeteredScheduler(Scheduler):
             super().load_state_dict(state)
 
     def _export(self, force: bool = False) -> None:
+        """Set the gauges from a snapshot of the stats (taken under the lock; the gauges are set
+        outside it, so a decision never waits for them)."""
         # per-worker series are tagged by accelerator type: export once every worker has said its type
         # (or reports arrive, e.g. after a restart), so no series carries a placeholder type
         now = time.monotonic()
         if not force and now - self._exported_at < EXPORT_INTERVAL_S:
             return
         if len(self.registered) == self.num_workers or self.reports_received:
+            self._exported_at, self._export_due = now, False
             self.gauges.export(self.stats())
-            self._exported_at = now
 
     def __repr__(self) -> str:
         """What the Ray dashboard's actor list shows for this actor: the run, the newest decision

@@ -88,17 +88,20 @@ class LoadGenerator:
 
 
 def _probe(handle: Any, seconds: float, workers: int, interval: int) -> list[float]:
-    """Play rank 0: ask for a bundle every 100 ms and time each round trip."""
+    """Play rank 0: ask for a bundle every 100 ms, time each round trip, adopt what comes."""
     import ray
 
     from pdml_ray.decisions import Boundary
 
     latencies, step, end = [], 0, time.monotonic() + seconds
-    sizes = (64,) * workers
+    sizes, versions = (64,) * workers, {"node": 0}
     while time.monotonic() < end:
         t0 = time.perf_counter()
-        ray.get(handle.bundle.remote(Boundary(step, interval, sizes), {"node": 0}))
+        bundle = ray.get(handle.bundle.remote(Boundary(step, interval, sizes), versions))
         latencies.append(time.perf_counter() - t0)
+        for name, decision in bundle.decisions.items():  # adopt, as rank 0 does
+            versions[name] = decision.version
+            sizes = getattr(decision, "batch_sizes", sizes)
         step += interval
         time.sleep(max(0.0, 0.1 - (time.perf_counter() - t0)))
     return latencies
