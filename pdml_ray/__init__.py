@@ -7,12 +7,14 @@ imported from their own packages: ``pdml_ray.train`` (``PDMLTrainer``, ``get_con
 Layers (imports only point down; ``tests/unit/test_layering.py`` enforces it):
 
     pdml_ray/cli/, pdml_ray/bench/          entry points and benchmarks
-    pdml_ray/train/, pdml_ray/runtime/      Ray Train integration; Ray-actor runtime drivers
+    pdml_ray/train/, pdml_ray/runtime/      Ray Train integration (P3 ordering: train/p3_sync.py); Ray-actor
+                                            runtime drivers (pipeline, stragglers, P3 parameter server)
     pdml_ray/actors/                        thin Ray actor shells around core classes
     pdml_ray/metrics.py                     ray.util.metrics export of the stats records
     ---- nothing below imports ray ----
     pdml_ray/scheduler.py, client.py        the controller (a registry of derivers); its worker-side client
-    pdml_ray/priority/, pdml_ray/pipeline/  derivers and their estimators; pipeline plans and schedules
+    pdml_ray/priority/, pdml_ray/pipeline/  derivers (node, sample, gradient) and their estimators; pipeline plans
+    pdml_ray/stragglers/, pdml_ray/p3/      straggler policies and gradient codes; P3 slicing, queues, link model
     pdml_ray/config/, decisions.py, batching.py, emulation.py, errors.py
 """
 
@@ -22,10 +24,19 @@ from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePla
 from pdml_ray.errors import (ConfigError, PDMLError, PlanError, ReportError, SchedulerUnavailableError, StateError,
                              UsageError)
 from pdml_ray.pipeline import Action, Plan, make_scheduler, validate
-from pdml_ray.pipeline.partition import split_sequential
 from pdml_ray.scheduler import Scheduler, SchedulerStats
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``split_sequential`` needs torch: imported on first use, so ``import pdml_ray`` (and the CLI's
+    ``--help``) stays free of it."""
+    if name == "split_sequential":
+        from pdml_ray.pipeline.partition import split_sequential
+
+        return split_sequential
+    raise AttributeError(f"module 'pdml_ray' has no attribute {name!r}")
 
 __all__ = [
     "DEFAULT_ACCELERATOR_PRIOR",

@@ -9,27 +9,64 @@ the ideal split is exactly the speed ratio whatever else the machine runs.
 from __future__ import annotations
 
 import argparse
+import math
 import threading
 import time
 
 from pdml_ray.bench.common import add_compute_argument
 from pdml_ray.bench.hetero import PER_SAMPLE_MS
+from pdml_ray.cli.args import int_range, ray_address, seed
+from pdml_ray.errors import ConfigError
 
 DESCRIPTION = "train twice on a local Ray cluster (uniform shares, then node priorities) and compare"
 
 
+def speed_list(text: str) -> list[float]:
+    """``--speeds``: comma-separated speed factors in (0, 1], the fastest worker 1.0 (2 to 64 workers)."""
+    try:
+        speeds = [float(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers in (0, 1] such as 1,1,0.4,0.4, "
+                                         f"got {text!r}") from None
+    if not 1 <= len(speeds) <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_WORKERS} speeds (one per worker), got {len(speeds)}")
+    for i, s in enumerate(speeds):
+        if not (math.isfinite(s) and 0.0 < s <= 1.0):
+            raise argparse.ArgumentTypeError(f"entry {i} is {s!r}: each speed must be in (0, 1] "
+                                             f"(the fastest worker is 1.0, one at half its speed 0.5)")
+    return speeds
+
+
+speed_list.__name__ = "speeds"
+MAX_WORKERS = 64
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--speeds", default="1,1,0.4,0.4", help="emulated per-worker speeds (default 1,1,0.4,0.4)")
-    parser.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
-    parser.add_argument("--global-batch", type=int, default=1024, help="global batch size (default 1024)")
-    parser.add_argument("--hidden", type=int, default=None,
+    parser.add_argument("--speeds", type=speed_list, default="1,1,0.4,0.4",
+                        help="emulated per-worker speeds in (0, 1] (default 1,1,0.4,0.4)")
+    parser.add_argument("--steps", type=int_range(30, 100_000, hint=" (node priorities settle within ~15 steps)"),
+                        default=60, help="training steps per run, at least 30 (default 60)")
+    parser.add_argument("--global-batch", type=int_range(1, 10**7), default=1024, help="global batch size (default 1024)")
+    parser.add_argument("--hidden", type=int_range(1, 65_536), default=None,
                         help="MLP hidden width (default 1024; 64 with --compute sleep)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--address", default=None, help="existing Ray cluster to use (default: start a local one)")
+    parser.add_argument("--address", type=ray_address, default=None,
+                        help="existing Ray cluster to use, HOST:PORT (default: start a local one)")
     parser.add_argument("--sync", choices=("ddp", "fsdp"), default="ddp",
                         help="gradient combination: DDP with the weighting hook (default), or FSDP2")
     add_compute_argument(parser, per_sample_ms=PER_SAMPLE_MS)
+
+
+def validate(args: argparse.Namespace) -> list[float]:
+    """Everything checkable before Ray starts; the speeds (parsed) on success."""
+    speeds = args.speeds if isinstance(args.speeds, list) else speed_list(args.speeds)
+    if not (math.isfinite(args.per_sample_ms) and 0.0 < args.per_sample_ms <= 10_000):
+        raise ConfigError(f"--per-sample-ms must be in (0, 10000] milliseconds, got {args.per_sample_ms!r}")
+    if args.global_batch < len(speeds):
+        raise ConfigError(f"--global-batch {args.global_batch} is smaller than the {len(speeds)} workers: "
+                          f"give at least one sample per worker")
+    return speeds
 
 
 def _watch(name: str, namespace: str, label: str, total_steps: int, stop: threading.Event) -> None:
@@ -56,23 +93,25 @@ def _watch(name: str, namespace: str, label: str, total_steps: int, stop: thread
 
 
 def run(args: argparse.Namespace) -> int:
+    speeds = validate(args)  # before importing, let alone starting, Ray
     import ray
 
     from pdml_ray.bench.common import check_device, print_table
-    from pdml_ray.bench.hetero import emulation_note, figures, parse_speeds, run_arm, summarise
+    from pdml_ray.bench.hetero import emulation_note, figures, run_arm, summarise
+    from pdml_ray.cli.cluster import probe
 
     check_device(args.device)
-    speeds = parse_speeds(args.speeds, None)
-    if args.steps < 30:
-        raise SystemExit("--steps must be at least 30 (node priorities settle within the first ~15 steps)")
-    context = ray.init(address=args.address, num_cpus=None if args.address else len(speeds),
-                       include_dashboard=args.address is None, log_to_driver=False)
+    if args.address not in (None, "local"):
+        probe(args.address)  # seconds, not Ray's minutes of retries, when nothing answers there
+    local = args.address in (None, "local")
+    context = ray.init(address=args.address, num_cpus=len(speeds) if local else None, include_dashboard=local,
+                       log_to_driver=False)
     dashboard = getattr(context, "dashboard_url", None)
     note = emulation_note(args)
     print(f"pdml-ray demo: {len(speeds)} workers, speeds {speeds}, compute {args.compute}\n  {note}")
     if dashboard:
         print(f"  watch the priorities: Ray dashboard http://{dashboard} (Metrics: pdml_node_priority, "
-              f"pdml_batch_size, pdml_grad_weight), or run `pdml-ray status --name pdml-demo-pdml` in another shell")
+              f"pdml_batch_size, pdml_grad_weight), or run `pdml-ray watch --name pdml-demo-pdml` in another shell")
     args.quick, args.json = False, None
     summaries = {}
     try:

@@ -1,0 +1,60 @@
+"""Scenario files of ``pdml-ray simulate --scenario FILE``: YAML mappings whose keys are the flags' names
+(with ``_``), each value checked by the same argument type as its flag, so a file and a command line
+fail alike (one line, exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from pdml_ray.errors import ConfigError
+
+KINDS = ("pipeline", "stragglers")
+
+
+def load_scenario(path: str) -> dict[str, Any]:
+    """The scenario file as a mapping (``kind`` included); a missing or malformed file is a ConfigError."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"--scenario {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--scenario {path}: not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--scenario {path}: expected a mapping of scenario keys, got {type(data).__name__}")
+    kind = data.get("kind", "pipeline")
+    if kind not in KINDS:
+        raise ConfigError(f"--scenario {path}: kind must be pipeline or stragglers, got {kind!r}")
+    return data
+
+
+def as_flag_text(value: Any) -> str:
+    """A YAML value as the text its flag takes: lists comma-separated, a list of lists ';'-separated."""
+    if isinstance(value, (list, tuple)):
+        return (";" if any(isinstance(v, (list, tuple)) for v in value) else ",").join(map(as_flag_text, value))
+    return str(value)
+
+
+def scenario_values(data: dict[str, Any], path: str, types: dict[str, Callable[[str], Any]],
+                    repeatable: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Scenario keys checked by the flags' own types (a ``repeatable`` key takes a list, one value per
+    repetition of its flag); an unknown key lists the valid ones."""
+    unknown = sorted(set(data) - set(types) - {"kind"})
+    if unknown:
+        raise ConfigError(f"--scenario {path}: unknown key(s) {unknown}; valid keys: {sorted(types)}")
+    values: dict[str, Any] = {}
+    for key, parse in types.items():
+        if key not in data:
+            continue
+        raw = data[key]
+        try:
+            if key in repeatable:
+                values[key] = [parse(as_flag_text(v)) for v in (raw if isinstance(raw, list) else [raw])]
+            else:
+                values[key] = parse(as_flag_text(raw))
+        except argparse.ArgumentTypeError as e:
+            raise ConfigError(f"--scenario {path}: {key}: {e}") from None
+    return values
