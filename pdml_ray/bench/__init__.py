@@ -5,10 +5,11 @@ result). Common flags (--quick, --json, --seed, --device) are added by the CLI f
 """
 
 BENCHMARKS: dict[str, str] = {
+    "gradients": "pdml_ray.bench.gradients",
     "hetero": "pdml_ray.bench.hetero",
     "sampling": "pdml_ray.bench.sampling",
+    "p3": "pdml_ray.bench.p3",
     "pipeline": "pdml_ray.bench.pipeline",
-    "gradients": "pdml_ray.bench.gradients",
     "scheduler": "pdml_ray.bench.scheduler",
     "stragglers": "pdml_ray.bench.stragglers",
 }

@@ -9,6 +9,7 @@ all-reduce runtime (``pdml_ray.train.p3_sync``) and the parameter-server runtime
     sweep.py     P3 / FIFO / bucketed over comm/compute ratios (python -m pdml_ray.p3.sweep)
     models.py    layer lists of VGG-19, ResNet-50, a GPT-style stack
     auto.py      slice size and credit from the measured link (rule, then a simulated search)
+    ps.py        Runtime 1's core: parameter-server shards and P3 workers (hooks, EMULATED links)
 
 ``python -m pdml_ray.p3.sweep`` prints P3 / FIFO / bucketed iteration times (bandwidth EMULATED).
 """

@@ -1,0 +1,135 @@
+"""Ray actor shells of Runtime 1 (P3 over a parameter server, ``pdml_ray.runtime.p3_ps``).
+
+- ``P3ShardActor``: an asyncio actor around ``pdml_ray.p3.ps.ShardState``. ``push`` adds one worker's
+  gradient slices and returns the updated values once every worker has pushed them: each call is
+  one coroutine awaiting its slices' events, so thousands can wait at once without threads.
+- ``P3WorkerActor``: a threaded actor around ``pdml_ray.p3.ps.P3PSWorker`` (a model replica, this
+  worker's share of every global batch, the hooks, the EMULATED links). Its transport to the shards is
+  ``RayTransport``: one fire-and-forget actor call per message and shard, the returned ObjectRef's
+  ``future()`` is the pull.
+
+The conventions are the straggler-tolerant runtime's (``pdml_ray.actors.dp_worker``): a fraction of a
+CPU per actor, ``max_restarts=0``, ``configure`` (re)builds the core object so one set of actors
+serves several runs, names from ``dp_worker_name``; the data set is published once with ``ray.put``
+and passed by reference. (The worker is its own shell because ``DPWorker.configure`` always builds a
+``GradientWorker``; see the runtime's docstring for the change that would let one shell host both.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import ray
+from torch import Tensor, nn
+
+from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, dp_worker_name
+from pdml_ray.errors import UsageError
+from pdml_ray.p3.link import LinkModel
+from pdml_ray.p3.ps import LossFn, P3PSWorker, SGDSettings, ShardState, WorkerRun, measure_compute
+from pdml_ray.p3.slicing import SlicePlan
+
+
+class P3Shard:
+    """One parameter-server shard as an asyncio actor."""
+
+    def __init__(self) -> None:
+        self.state: ShardState | None = None
+        self._events: dict[tuple[int, int], asyncio.Event] = {}
+        self._done: dict[tuple[int, int], Tensor] = {}  # (step, slice) -> updated value
+        self._pulls: dict[tuple[int, int], int] = {}  # (step, slice) -> workers that have taken it
+
+    async def configure(self, shard: int, num_shards: int, plan: SlicePlan, initial_layers: list[Tensor],
+                        num_workers: int, sgd: SGDSettings) -> int:
+        self.state = ShardState(shard, num_shards, plan, initial_layers, num_workers, sgd)
+        self._events, self._done, self._pulls = {}, {}, {}
+        return len(self.state.slices)
+
+    def _event(self, key: tuple[int, int]) -> asyncio.Event:
+        return self._events.setdefault(key, asyncio.Event())
+
+    async def push(self, step: int, worker: int, slice_ids: list[int], grads: list[Tensor]) -> list[Tensor]:
+        """Add the slices; return their values after ``step``'s update (waits for the other workers)."""
+        state = self.state
+        if state is None:
+            raise UsageError("P3Shard.push before configure(): the runtime configures every shard first")
+        for sid in state.push(step, worker, slice_ids, grads):
+            self._done[(step, sid)] = state.value(sid)
+            self._event((step, sid)).set()
+        out = []
+        for sid in slice_ids:
+            key = (step, sid)
+            await self._event(key).wait()
+            out.append(self._done[key])
+            self._pulls[key] = self._pulls.get(key, 0) + 1
+            if self._pulls[key] == state.num_workers:  # every worker has its copy
+                del self._done[key], self._events[key], self._pulls[key]
+        return out
+
+    async def values(self) -> dict[int, Tensor]:
+        """The current value of every slice this shard holds."""
+        if self.state is None:
+            return {}
+        return {sid: self.state.value(sid) for sid in self.state.values}
+
+
+class RayTransport:
+    """``pdml_ray.p3.ps.Transport`` over shard actor handles."""
+
+    def __init__(self, shards: Sequence[Any]) -> None:
+        self.shards = list(shards)
+
+    def push(self, shard: int, step: int, worker: int, slice_ids: list[int], grads: list[Tensor]) -> Future[list[Tensor]]:
+        return self.shards[shard].push.remote(step, worker, slice_ids, grads).future()
+
+
+class P3Worker:
+    """One data-parallel worker of Runtime 1."""
+
+    def __init__(self) -> None:
+        self.worker: P3PSWorker | None = None
+
+    def configure(self, worker: int, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
+                  batches: list[tuple[int, int, float]], shards: list[Any], *, policy: str, slice_elements: int,
+                  bucket_bytes: int, link: LinkModel | None, wait_timeout_s: float = 120.0,
+                  compute_sleep_s: list[tuple[float, float]] | None = None) -> int:
+        if self.worker is not None:
+            self.worker.close()
+        self.worker = P3PSWorker(worker, model, loss_fn, x, y, batches, RayTransport(shards), len(shards),
+                                 policy=policy, slice_elements=slice_elements, bucket_bytes=bucket_bytes, link=link,
+                                 num_threads=1, wait_timeout_s=wait_timeout_s, compute_sleep_s=compute_sleep_s)
+        return worker
+
+    def train(self) -> tuple[WorkerRun, Tensor]:
+        """Every step; returns the measurements and this replica's final parameters (one flat vector)."""
+        if self.worker is None:
+            raise UsageError("P3Worker.train before configure(): the runtime configures every worker first")
+        run = self.worker.train()
+        return run, self.worker.parameters_vector()
+
+    def compute_times(self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
+                      batches: list[tuple[int, int, float]]) -> list[float]:
+        """Forward + backward seconds per batch without communication (``measure_compute``)."""
+        return measure_compute(model, loss_fn, x, y, batches, num_threads=1)
+
+
+P3ShardActor = ray.remote(P3Shard)
+P3WorkerActor = ray.remote(P3Worker)
+
+
+def launch_p3_shard(index: int, *, name_prefix: str | None = None,
+                    num_cpus: float = DEFAULT_DP_WORKER_NUM_CPUS) -> Any:
+    options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 1000}
+    if name_prefix is not None:
+        options["name"] = f"{name_prefix}-p3-shard{index}"
+    return P3ShardActor.options(**options).remote()
+
+
+def launch_p3_worker(index: int, *, name_prefix: str | None = None,
+                     num_cpus: float = DEFAULT_DP_WORKER_NUM_CPUS) -> Any:
+    options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 2}
+    if name_prefix is not None:
+        options["name"] = dp_worker_name(f"{name_prefix}-p3", index)
+    return P3WorkerActor.options(**options).remote()

@@ -1,0 +1,432 @@
+"""Runtime 1's core, without Ray: P3 as published, over a parameter server (Jayarajan et al., 2019).
+
+Two plain classes the Ray shells (``pdml_ray.actors.p3_shard``) wrap and a unit test drives in one
+process:
+
+- ``ShardState``: one parameter-server shard. It owns the slices ``shard_of`` gives it (round-robin
+  over the plan's slices, so every shard holds a share of every large layer), their values and one
+  optimizer over them. ``push`` adds a worker's weighted gradient slices; once every worker has
+  pushed a slice for a step, the shard applies the update to that slice alone and the updated value
+  is what ``updated(step, slice)`` returns. Elementwise optimizers (SGD with momentum and weight
+  decay) update a slice exactly as they would the whole parameter, so the result does not depend on
+  the order slices arrive in.
+- ``P3PSWorker``: a worker with a model replica and its share of every global batch. Parameter hooks
+  (``register_post_accumulate_grad_hook``) cut a layer's weighted gradient into slices as soon as
+  backward has produced it and push them to the uplink's send queue (``pdml_ray.p3.queue``: ``p3``,
+  ``fifo`` or ``bucketed``); a sender thread hands messages to the EMULATED uplink
+  (``pdml_ray.p3.link.EmulatedLink``: it sleeps until the message would have arrived) and then
+  delivers them to the shards (``Transport.push``: one call per message and shard, whose future is
+  the updated slices: push and pull in one round trip). An updated slice goes through the worker's downlink the same way
+  (a send queue of the same policy, then the EMULATED downlink). The next forward waits per layer,
+  in a forward pre-hook, only for that layer's slices, then copies them into the layer's parameters:
+  the first layers compute while the later ones are still on the wire.
+
+The real push starts when a message goes on the EMULATED uplink (so Ray's own transfer hides inside
+the modelled one, as ``EmulatedLink`` intends); its update enters the downlink's queue once both the
+modelled upload is over and the shard has answered. One message is on each link at a time (the link serialises bytes anyway; with latency 0 a larger
+credit changes nothing), so a newly ready slice of higher priority overtakes everything queued at the
+next message boundary: preemption at slice granularity.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from pdml_ray.errors import ConfigError, PlanError, UsageError
+from pdml_ray.p3.link import EmulatedLink, LinkModel
+from pdml_ray.p3.queue import DDP_BUCKET_BYTES, Message, SendQueue, make_queue
+from pdml_ray.p3.slicing import Slice, SlicePlan, flatten_layer, plan_slices, unflatten_layer
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def shard_of(slice_index: int, num_shards: int) -> int:
+    """The shard that holds slice ``slice_index``: round-robin over the plan."""
+    return slice_index % num_shards
+
+
+def model_layers(model: nn.Module) -> list[tuple[str, nn.Module, list[nn.Parameter]]]:
+    """Modules with trainable parameters of their own, in registration order (= forward order for the
+    usual models); a shared parameter belongs to the first module that registers it. The same rule as
+    ``pdml_ray.train.p3_sync.model_layers`` (which sits above the actors and cannot be imported here)."""
+    seen: set[int] = set()
+    out = []
+    for name, module in model.named_modules():
+        params = [p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen]
+        if params:
+            seen |= {id(p) for p in params}
+            out.append((name, module, params))
+    return out
+
+
+def layer_plan(model: nn.Module, slice_elements: int, element_size: int = 4) -> SlicePlan:
+    """The slice plan of ``model``'s layers (``model_layers``)."""
+    return plan_slices([sum(p.numel() for p in ps) for _, _, ps in model_layers(model)], slice_elements,
+                       element_size)
+
+
+@dataclass(frozen=True, slots=True)
+class SGDSettings:
+    """The shards' optimizer: ``torch.optim.SGD`` over each shard's slices (elementwise, so sliced
+    updates equal whole-model updates)."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or self.momentum < 0 or self.weight_decay < 0:
+            raise ConfigError(f"SGD needs lr > 0, momentum >= 0, weight_decay >= 0, got {self}")
+
+
+class ShardState:
+    """One parameter-server shard: slices ``{i : shard_of(i, num_shards) == shard}`` of ``plan``."""
+
+    def __init__(self, shard: int, num_shards: int, plan: SlicePlan, initial_layers: Sequence[Tensor],
+                 num_workers: int, sgd: SGDSettings) -> None:
+        if not 0 <= shard < num_shards or num_workers < 1:
+            raise ConfigError(f"shard {shard} of {num_shards} with {num_workers} workers is not a valid layout")
+        self.shard, self.num_workers = shard, num_workers
+        self.slices = [s for s in plan.slices if shard_of(s.index, num_shards) == shard]
+        self.values = {s.index: nn.Parameter(initial_layers[s.layer][s.start:s.stop].detach().clone().float())
+                       for s in self.slices}
+        self.optimizer = torch.optim.SGD(list(self.values.values()), lr=sgd.lr, momentum=sgd.momentum,
+                                         weight_decay=sgd.weight_decay) if self.values else None
+        self._sums: dict[tuple[int, int], Tensor] = {}  # (step, slice) -> sum of weighted gradients, float64
+        self._pushed: dict[tuple[int, int], set[int]] = {}  # (step, slice) -> workers that pushed it
+        self.updates = 0
+
+    def push(self, step: int, worker: int, slice_ids: Sequence[int], grads: Sequence[Tensor]) -> list[int]:
+        """Worker ``worker``'s weighted gradient slices of ``step``; returns the slices whose update is
+        now complete (every worker pushed them) and applied."""
+        done = []
+        for sid, grad in zip(slice_ids, grads):
+            if sid not in self.values:
+                raise PlanError(f"slice {sid} was pushed to shard {self.shard}, which does not hold it")
+            key = (step, sid)
+            workers = self._pushed.setdefault(key, set())
+            if worker in workers:
+                raise PlanError(f"worker {worker} pushed slice {sid} of step {step} twice")
+            workers.add(worker)
+            g = grad.detach().reshape(-1).to(torch.float64)
+            self._sums[key] = self._sums[key] + g if key in self._sums else g.clone()
+            if len(workers) == self.num_workers:
+                self._apply(sid, self._sums.pop(key))
+                del self._pushed[key]
+                done.append(sid)
+        return done
+
+    def _apply(self, sid: int, grad_sum: Tensor) -> None:
+        assert self.optimizer is not None
+        param = self.values[sid]
+        param.grad = grad_sum.to(param.dtype)
+        # one slice at a time: the others keep their gradients out of this step
+        others = [(p, p.grad) for p in self.values.values() if p is not param]
+        for p, _ in others:
+            p.grad = None
+        self.optimizer.step()
+        for p, g in others:
+            p.grad = g
+        param.grad = None
+        self.updates += 1
+
+    def value(self, sid: int) -> Tensor:
+        return self.values[sid].detach().clone()
+
+
+class Transport(Protocol):
+    """How a worker reaches the shards (Ray actor calls in the runtime, direct calls in unit tests)."""
+
+    def push(self, shard: int, step: int, worker: int, slice_ids: list[int], grads: list[Tensor]) -> Future[list[Tensor]]:
+        """Push weighted gradient slices; the future resolves to the slices' values after ``step``'s
+        update (once every worker has pushed them). One call per message and shard: push and pull."""
+        ...
+
+
+@dataclass(slots=True)
+class WorkerRun:
+    """What a worker measured over one ``train`` call (seconds on ``time.perf_counter``)."""
+
+    worker: int
+    step_starts: list[float] = field(default_factory=list)  # when each step's forward began
+    forward_wait_s: list[float] = field(default_factory=list)  # per step: the forward's waits for parameters
+    losses: list[float] = field(default_factory=list)
+    timeline: list[tuple[str, int, int, float]] = field(default_factory=list)
+    """(kind, step, layer or slice, time): ``forward`` (a layer's forward starts), ``ready`` (a layer's
+    gradient), ``sent`` (a slice went on the uplink), ``arrived`` (an updated slice back)."""
+    end: float = 0.0  # the last step's updates all applied
+
+    @property
+    def iteration_s(self) -> list[float]:
+        """Per step: start of its forward to the start of the next (the last step: to ``end``)."""
+        starts = self.step_starts + [self.end]
+        return [b - a for a, b in zip(starts, starts[1:])]
+
+
+class P3PSWorker:
+    """Worker ``worker`` of a P3 parameter-server run (see the module docstring)."""
+
+    def __init__(self, worker: int, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
+                 batches: Sequence[tuple[int, int, float]], transport: Transport, num_shards: int, *,
+                 policy: str = "p3", slice_elements: int = 40_000, bucket_bytes: int = DDP_BUCKET_BYTES,
+                 link: LinkModel | None = None, num_threads: int | None = None, wait_timeout_s: float = 120.0,
+                 compute_sleep_s: Sequence[tuple[float, float]] | None = None) -> None:
+        """``batches``: per step, (first row, rows, gradient weight b_i / B) of this worker's batch in
+        (x, y). ``link``: the EMULATED link model of both directions (None: no emulation).
+        ``compute_sleep_s``: per layer, (forward, backward) seconds of EMULATED compute slept on top of
+        the real forward/backward (in the forward pre-hook after the wait, and before the layer's
+        gradient is declared ready), so CPU contention does not decide the timing."""
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.worker, self.model, self.loss_fn, self.x, self.y = worker, model, loss_fn, x, y
+        self.batches, self.transport, self.num_shards, self.policy = list(batches), transport, num_shards, policy
+        self.bucket_bytes, self.wait_timeout_s = bucket_bytes, wait_timeout_s
+        found = model_layers(model)
+        if not found:
+            raise UsageError("the model has no trainable parameters for P3 to synchronise")
+        self.layer_params = [ps for _, _, ps in found]
+        self.plan = plan_slices([sum(p.numel() for p in ps) for ps in self.layer_params], slice_elements)
+        self.plan.validate()
+        if compute_sleep_s is not None and len(compute_sleep_s) != len(self.layer_params):
+            raise ConfigError(f"compute_sleep_s needs one (forward, backward) pair per layer ({len(self.layer_params)}), "
+                              f"got {len(compute_sleep_s)}")
+        self.compute_sleep_s = list(compute_sleep_s) if compute_sleep_s is not None else None
+        self.link_model = link
+        self.uplink = EmulatedLink(link) if link is not None else None
+        self.downlink = EmulatedLink(link) if link is not None else None
+        self._cond = threading.Condition()
+        self._round = -1
+        self._up: SendQueue = make_queue(policy, self.plan, None, bucket_bytes)
+        self._down: SendQueue = make_queue(policy, self.plan, None, bucket_bytes)
+        self._grads: dict[int, Tensor] = {}  # slice -> weighted gradient slice of the current round
+        self._values: dict[int, Tensor] = {}  # slice -> updated value back from its shard
+        self._at_shard: set[int] = set()  # slices of the current round whose EMULATED upload is over
+        self._arrived: set[int] = set()  # slices of the current round whose update has arrived
+        self._applied: set[int] = set()  # layers whose update of the previous round is in the parameters
+        self._remaining: list[int] = []
+        self._wait_s = 0.0  # the current step's forward waits for parameters
+        self._weight = 1.0  # the current step's gradient weight b_i / B
+        self._error: BaseException | None = None
+        self._stop = False
+        self.run = WorkerRun(worker)
+        self._layer_of = {id(p): i for i, ps in enumerate(self.layer_params) for p in ps}
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for ps in self.layer_params for p in ps]
+        self._handles += [m.register_forward_pre_hook(functools.partial(self._before_forward, i))
+                          for i, (_, m, _) in enumerate(found)]
+        self._threads = [threading.Thread(target=self._pump, args=("up",), daemon=True),
+                         threading.Thread(target=self._pump, args=("down",), daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # ---- the training loop ------------------------------------------------------------------------
+    def train(self) -> WorkerRun:
+        """Every step of ``batches``; returns the measurements once the last update is applied."""
+        try:
+            for step, (first, rows, weight) in enumerate(self.batches):
+                self.run.step_starts.append(time.perf_counter())
+                self._wait_s = 0.0
+                self._weight = weight
+                self.model.zero_grad(set_to_none=True)
+                xb, yb = self.x[first:first + rows], self.y[first:first + rows]
+                loss = self.loss_fn(self.model(xb), yb)  # pre-hooks: each layer waits for its own slices
+                self._apply_all()  # a layer unused in forward still gets its update
+                self.run.forward_wait_s.append(self._wait_s)
+                self.run.losses.append(float(loss.detach()))
+                self._begin_round(step)
+                loss.backward()  # hooks: each layer's slices go to the send queue as soon as they exist
+            self._apply_all()
+            self.run.end = time.perf_counter()
+            self._check()
+            return self.run
+        finally:
+            self.close()
+
+    def parameters_vector(self) -> Tensor:
+        return torch.cat([p.detach().reshape(-1) for ps in self.layer_params for p in ps])
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # ---- backward side ----------------------------------------------------------------------------
+    def _begin_round(self, step: int) -> None:
+        with self._cond:
+            if self._up.pending or self._up.in_flight_bytes or self._down.pending or self._down.in_flight_bytes:
+                raise PlanError(f"worker {self.worker}: step {step} begins with messages of the last one still queued")
+            self._round = step
+            self._up = make_queue(self.policy, self.plan, None, self.bucket_bytes)
+            self._down = make_queue(self.policy, self.plan, None, self.bucket_bytes)
+            self._grads.clear()
+            self._values.clear()
+            self._at_shard.clear()
+            self._arrived.clear()
+            self._applied.clear()
+            self._remaining = [len(ps) for ps in self.layer_params]
+
+    def _on_grad(self, param: Tensor) -> None:
+        layer = self._layer_of[id(param)]
+        self._remaining[layer] -= 1
+        if self._remaining[layer]:
+            return
+        if self.compute_sleep_s is not None:
+            time.sleep(self.compute_sleep_s[layer][1])  # EMULATED backward of this layer
+        now = time.perf_counter()
+        flat = flatten_layer([p.grad if p.grad is not None else torch.zeros_like(p)
+                              for p in self.layer_params[layer]]) * self._weight
+        with self._cond:
+            self.run.timeline.append(("ready", self._round, layer, now))
+            for s in self.plan.slices_of(layer):
+                self._grads[s.index] = flat[s.start:s.stop].clone()  # a view would pickle the whole layer
+                self._up.push(s)
+            self._cond.notify_all()
+
+    # ---- the two links ----------------------------------------------------------------------------
+    def _pump(self, direction: str) -> None:
+        link = self.uplink if direction == "up" else self.downlink
+        try:
+            while True:
+                with self._cond:
+                    while not self._stop and (message := (self._up if direction == "up" else self._down).pop()) is None:
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    queue, step = (self._up if direction == "up" else self._down), self._round
+                    assert message is not None
+                arrival = link.send(message.nbytes) if link is not None else 0.0
+                if direction == "up":
+                    self._deliver(step, message)  # the real transfer runs during the EMULATED one
+                if link is not None:
+                    link.wait_until(arrival)
+                with self._cond:
+                    queue.ack(message)
+                    now = time.perf_counter()
+                    for s in message.slices:
+                        if direction == "up":  # at the shard now: its update may go down once applied
+                            self._at_shard.add(s.index)
+                            if s.index in self._values:
+                                self._down.push(s)
+                        else:
+                            self._arrived.add(s.index)
+                            self.run.timeline.append(("arrived", step, s.index, now))
+                    self._cond.notify_all()
+        except BaseException as e:  # surfaced by the training loop, which would otherwise wait forever
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _deliver(self, step: int, message: Message) -> None:
+        """The message has reached the shards: push its gradient slices, ask for the updated ones."""
+        by_shard: dict[int, list[Slice]] = {}
+        for s in message.slices:
+            by_shard.setdefault(shard_of(s.index, self.num_shards), []).append(s)
+        now = time.perf_counter()
+        with self._cond:
+            grads = {s.index: self._grads[s.index] for s in message.slices}
+            self.run.timeline += [("sent", step, s.index, now) for s in message.slices]
+        for shard, slices in by_shard.items():
+            ids = [s.index for s in slices]
+            future = self.transport.push(shard, step, self.worker, ids, [grads[i] for i in ids])
+            future.add_done_callback(functools.partial(self._pulled, step, slices))
+
+    def _pulled(self, step: int, slices: list[Slice], fut: Future[list[Tensor]]) -> None:
+        try:
+            values = fut.result()
+        except BaseException as e:
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+            return
+        with self._cond:
+            if step != self._round:
+                self._error = PlanError(f"worker {self.worker}: an update of step {step} came back in step {self._round}")
+            for s, v in zip(slices, values):
+                self._values[s.index] = v
+                if s.index in self._at_shard:  # its EMULATED upload is over too
+                    self._down.push(s)
+            self._cond.notify_all()
+
+    # ---- forward side -----------------------------------------------------------------------------
+    def _before_forward(self, layer: int, _module: nn.Module, _args: Any) -> None:
+        self._apply(layer)
+        self.run.timeline.append(("forward", self._round + 1, layer, time.perf_counter()))
+        if self.compute_sleep_s is not None:
+            time.sleep(self.compute_sleep_s[layer][0])  # EMULATED forward of this layer
+
+    def _apply(self, layer: int) -> None:
+        """Wait for ``layer``'s updated slices of the previous round, then copy them into its parameters."""
+        if self._round < 0 or layer in self._applied:
+            return
+        slices = self.plan.slices_of(layer)
+        t0 = time.perf_counter()
+        with self._cond:
+            while self._error is None and not all(s.index in self._arrived for s in slices):
+                if not self._cond.wait(timeout=max(0.0, t0 + self.wait_timeout_s - time.perf_counter())):
+                    self._error = PlanError(f"worker {self.worker}: layer {layer}'s update of step {self._round} did "
+                                            f"not arrive within {self.wait_timeout_s:g} s (a shard or worker died?)")
+            self._check()
+            flat = torch.empty(self.plan.layer_numels[layer])
+            for s in slices:
+                flat[s.start:s.stop] = self._values[s.index]
+        self._wait_s += time.perf_counter() - t0
+        with torch.no_grad():
+            for p, v in zip(self.layer_params[layer], unflatten_layer(flat, self.layer_params[layer])):
+                p.copy_(v)
+        self._applied.add(layer)
+
+    def _apply_all(self) -> None:
+        for layer in range(len(self.layer_params)):
+            self._apply(layer)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
+class LocalTransport:
+    """Direct calls to in-process shards (unit tests, no Ray): a push's future resolves when the update
+    of its slices is applied."""
+
+    def __init__(self, shards: Sequence[ShardState]) -> None:
+        self.shards = list(shards)
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[Future[list[Tensor]], int, list[int]]] = []  # (future, step, slices)
+        self._done: dict[tuple[int, int], Tensor] = {}  # (step, slice) -> updated value
+
+    def push(self, shard: int, step: int, worker: int, slice_ids: list[int], grads: list[Tensor]) -> Future[list[Tensor]]:
+        fut: Future[list[Tensor]] = Future()
+        with self._lock:
+            for sid in self.shards[shard].push(step, worker, slice_ids, grads):
+                self._done[(step, sid)] = self.shards[shard].value(sid)
+            self._waiting.append((fut, step, list(slice_ids)))
+            ready = [w for w in self._waiting if all((w[1], i) in self._done for i in w[2])]
+            self._waiting = [w for w in self._waiting if w not in ready]
+        for f, st, ids in ready:
+            f.set_result([self._done[(st, i)] for i in ids])
+        return fut
+
+
+def measure_compute(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
+                    batches: Sequence[tuple[int, int, float]], num_threads: int | None = None) -> list[float]:
+    """Seconds of forward + backward per batch, no communication (what P3 tries to overlap with)."""
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    times = []
+    for first, rows, _ in batches:
+        t0 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(x[first:first + rows]), y[first:first + rows]).backward()
+        times.append(time.perf_counter() - t0)
+    return times

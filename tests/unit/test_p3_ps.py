@@ -1,0 +1,102 @@
+"""Runtime 1's core without Ray: shards (round-robin slices, sliced SGD) and P3 workers in threads over
+``LocalTransport`` train the same parameters as single-process SGD on the same global batches, under
+every send policy; an EMULATED slow link makes P3's forward of layer 0 start before the last update
+arrives."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pdml_ray.errors import PlanError
+from pdml_ray.p3.link import LinkModel
+from pdml_ray.p3.ps import LocalTransport, P3PSWorker, SGDSettings, ShardState, layer_plan, model_layers, shard_of
+from pdml_ray.p3.slicing import flatten_layer
+
+STEPS, SIZES = 5, (20, 12)  # global batch 32, unequal shares
+
+
+def small_model() -> torch.nn.Module:
+    torch.manual_seed(4)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 3))
+
+
+def data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(STEPS * sum(SIZES), 8, generator=g), torch.randint(0, 3, (STEPS * sum(SIZES),), generator=g)
+
+
+def batches(worker: int):
+    total, offset = sum(SIZES), sum(SIZES[:worker])
+    return [(k * total + offset, SIZES[worker], SIZES[worker] / total) for k in range(STEPS)]
+
+
+def train_ps(policy: str, num_shards: int, link: LinkModel | None = None):
+    x, y = data()
+    sgd = SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    plan = layer_plan(small_model(), 300)
+    layers = [flatten_layer(ps) for _, _, ps in model_layers(small_model())]
+    shards = [ShardState(s, num_shards, plan, layers, len(SIZES), sgd) for s in range(num_shards)]
+    transport = LocalTransport(shards)
+    workers = [P3PSWorker(w, small_model(), F.cross_entropy, x, y, batches(w), transport, num_shards, policy=policy,
+                          slice_elements=300, bucket_bytes=2000, link=link) for w in range(len(SIZES))]
+    runs = [None, None]
+
+    def go(w):
+        runs[w] = workers[w].train()
+
+    threads = [threading.Thread(target=go, args=(w,)) for w in range(len(SIZES))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r is not None for r in runs)
+    return workers, shards, runs
+
+
+def reference() -> torch.Tensor:
+    x, y = data()
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    for k in range(STEPS):
+        rows = slice(k * sum(SIZES), (k + 1) * sum(SIZES))
+        opt.zero_grad()
+        F.cross_entropy(model(x[rows]), y[rows]).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("policy", ["p3", "fifo", "bucketed"])
+def test_every_policy_trains_the_single_process_parameters(policy):
+    workers, shards, _ = train_ps(policy, num_shards=2)
+    want = reference()
+    for w in workers:
+        assert (w.parameters_vector() - want).abs().max().item() < 1e-5
+    assert sum(s.updates for s in shards) == STEPS * len(workers[0].plan.slices)
+    # round-robin: each shard holds every other slice
+    assert [s.index for s in shards[1].slices] == [i for i in range(len(workers[0].plan.slices)) if shard_of(i, 2) == 1]
+
+
+def test_p3_first_layer_forward_starts_before_the_last_update_arrives():
+    link = LinkModel(bandwidth_Bps=2e6)  # ~0.6 ms per 1.2 KB slice, ~40 ms per round: EMULATED
+    _, _, runs = train_ps("p3", num_shards=3, link=link)
+    overlapped = 0
+    for step in range(1, STEPS):
+        forward0 = min(t for kind, s, i, t in runs[0].timeline if kind == "forward" and s == step and i == 0)
+        last = max(t for kind, s, i, t in runs[0].timeline if kind == "arrived" and s == step - 1)
+        overlapped += forward0 < last
+    assert overlapped >= STEPS - 2
+
+
+def test_a_shard_refuses_a_double_push_and_a_foreign_slice():
+    plan = layer_plan(small_model(), 300)
+    layers = [flatten_layer(ps) for _, _, ps in model_layers(small_model())]
+    shard = ShardState(0, 2, plan, layers, 2, SGDSettings(lr=0.1))
+    assert shard.push(0, 0, [0], [torch.zeros(plan.slices[0].numel)]) == []
+    with pytest.raises(PlanError, match="twice"):
+        shard.push(0, 0, [0], [torch.zeros(plan.slices[0].numel)])
+    with pytest.raises(PlanError, match="does not hold"):
+        shard.push(0, 1, [1], [torch.zeros(plan.slices[1].numel)])
+    assert shard.push(0, 1, [0], [torch.ones(plan.slices[0].numel)]) == [0]
