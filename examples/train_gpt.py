@@ -127,9 +127,9 @@ def main() -> None:
                                        storage_path=args.storage),
         pdml_config=config,
     ).fit()
-    print(f"metrics {result.metrics}; {result.pdml}")
     if config.node_priority.emulation:
         print(config.node_priority.emulation)
+    print(f"metrics {result.metrics}; {result.pdml}")
 
 
 if __name__ == "__main__":
