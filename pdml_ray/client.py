@@ -22,8 +22,10 @@ from pdml_ray.errors import SchedulerUnavailableError
 
 log = logging.getLogger(__name__)
 
-MAX_REPORT_CALLS_IN_FLIGHT = 4
-"""Report calls a worker may have pending at the scheduler before it holds new reports back."""
+MAX_REPORT_CALLS_IN_FLIGHT = 2
+"""Report calls a worker may have pending at the scheduler before it holds new reports back (one being
+ingested, one queued): under overload a worker's reports then travel in fewer, larger calls, and the
+scheduler's per-call cost stops growing with the load."""
 MAX_BUFFERED_REPORTS = 10_000
 """Reports a worker holds back at most (the oldest beyond are dropped and counted in ``reports_dropped``)."""
 

@@ -22,13 +22,20 @@ class PriorityGauges:
     def __init__(self, run_name: str):
         self.run_name = run_name
         self._gauges: dict[str, Any] = {}
+        self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # what each series was set to
 
     def export(self, stats: SchedulerStats) -> None:
-        """Set every gauge the stats records name."""
+        """Set every gauge the stats records name whose value changed since the last export (a gauge
+        keeps its value; each ``Gauge.set`` costs CPU and, in Ray 2.60, memory that grew ~0.5 MB/s at
+        256 workers exported once a second, so unchanged series are not set again)."""
         from ray.util.metrics import Gauge
 
         for g in stats.gauges():
+            key = (g.name, g.tags)
+            if self._last.get(key) == g.value:
+                continue
             gauge = self._gauges.get(g.name)
             if gauge is None:
                 gauge = self._gauges[g.name] = Gauge(g.name, g.description, ("run", *(k for k, _ in g.tags)))
             gauge.set(g.value, {"run": self.run_name, **dict(g.tags)})
+            self._last[key] = g.value

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # Report log rows kept for summaries: (worker, step, samples, compute_s, wait_s, step_s, overhead_s, loss)
 _LOG_COLUMNS = ("worker_id", "step", "samples", "compute_s", "wait_s", "step_s", "overhead_s", "loss")
 _HISTORY_ROWS = 10_000  # decisions kept per axis (a run deciding every 5 steps: 50,000 steps) ...
-_HISTORY_NUMBERS = 1_000_000  # ... and at most ~this many numbers per axis in memory (3 per worker)
+_HISTORY_NUMBERS = 200_000  # ... and at most ~this many numbers per axis in memory (3 per worker; ~6 MB as Python floats)
 _SAVED_HISTORY_NUMBERS = 100_000  # the newest decisions saved in the state: ~1 MB pickled at most
 _REJECTION_REASONS = 100  # latest rejection reasons kept (counts by kind are kept for all)
 
@@ -111,7 +111,8 @@ class ReportLog:
     12.8 MB at the default 200,000 rows), so the scheduler's memory stays flat however long it runs."""
 
     def __init__(self, capacity: int) -> None:
-        self._rows = np.zeros((max(1, capacity), len(_LOG_COLUMNS)))
+        self._rows = np.empty((max(1, capacity), len(_LOG_COLUMNS)))
+        self._rows.fill(0.0)  # touch every page now: the memory is taken at start, not while the run goes
         self._next = 0  # rows ever appended; the newest lives at (_next - 1) % capacity
 
     def append(self, row: tuple) -> None:
