@@ -62,7 +62,7 @@ import numpy as np
 
 from pdml_ray.config import GradientPriorityConfig, PDMLConfig
 from pdml_ray.config.gradient import load_priority_fn
-from pdml_ray.decisions import Boundary, Decision, GradientDecision, WorkerReport
+from pdml_ray.decisions import Boundary, Decision, GradientDecision, Rejection, WorkerReport
 from pdml_ray.errors import PlanError, ReportError, StateError
 from pdml_ray.priority.bandit import WeightBandit, simplex_arms
 from pdml_ray.priority.base import Deriver, GaugeValue
@@ -282,6 +282,22 @@ class GradientPriorityDeriver(Deriver):
         return self.current
 
     # -- measure ----------------------------------------------------------------------------------
+    def report_rejection(self, report: WorkerReport) -> Rejection | None:
+        """The user's ``priority_fn`` must give a finite number >= 0 for this report; the scheduler asks
+        before any deriver ingests it, so a report it cannot score is refused and counted, not
+        half-applied (``ingest`` keeps the same check for direct callers)."""
+        if self.priority_fn is None:
+            return None
+        try:
+            signal = float(self.priority_fn(report))
+        except Exception as e:  # noqa: BLE001 - the user's function: any failure refuses this report only
+            return Rejection("priority_fn", f"worker {report.worker_id} step {report.step}: gradient_priority."
+                                            f"priority_fn {self.cfg.priority_fn!r} raised {type(e).__name__}: {e}")
+        if math.isfinite(signal) and signal >= 0:
+            return None
+        return Rejection("priority_fn", f"worker {report.worker_id} step {report.step}: gradient_priority.priority_fn "
+                                        f"{self.cfg.priority_fn!r} returned {signal!r}; it must return a finite number >= 0")
+
     def ingest(self, reports: Sequence[WorkerReport]) -> None:
         for r in reports:
             i = r.worker_id

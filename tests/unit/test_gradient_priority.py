@@ -271,8 +271,10 @@ def test_a_module_function_priority_is_imported_and_used_as_the_gradient_signal(
     np.testing.assert_allclose(terms / terms[0], [1.0, 4.0, 9.0, 16.0], rtol=1e-9)
     assert terms.mean() == pytest.approx(1.0, rel=0.03)
     bad = Run(_config(priority_fn="priority_fns:negative"))
-    with pytest.raises(ReportError, match="priority_fns:negative.*returned -1.0"):
-        bad.steps(1, [1.0] * N, [1.0] * N)
+    bad.steps(1, [1.0] * N, [1.0] * N)  # refused and counted by the scheduler (see below), never raised
+    assert bad.s.rejected_by_kind == {"priority_fn": N}
+    with pytest.raises(ReportError, match="priority_fns:negative.*returned -1.0"):  # a direct caller still hears it
+        bad.deriver.ingest(_reports(1, [1.0] * N, [1.0] * N, (0.1,) * N))
 
 
 @pytest.mark.parametrize("name, message", [
@@ -365,3 +367,18 @@ def test_a_decision_refuses_bad_values():
             GradientDecision(**{**good.to_dict(), **bad}).validate(2)
     with pytest.raises(PlanError, match="expected 3"):
         good.validate(3)
+
+
+def test_through_the_scheduler_a_report_the_priority_fn_cannot_score_is_refused_and_counted_not_half_applied():
+    from pdml_ray.config import GradientPriorityConfig, NodePriorityConfig, PDMLConfig
+    from pdml_ray.decisions import WorkerReport
+    from pdml_ray.scheduler import Scheduler
+
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64),
+                        gradient_priority=GradientPriorityConfig(priority_fn="priority_fns:negative"))
+    scheduler = Scheduler(config, 2)
+    before = scheduler.derivers["node"].state_dict()
+    scheduler.report([WorkerReport(worker_id=w, step=5, samples=32, compute_s=0.1, grad_norm=1.0) for w in range(2)])
+    assert scheduler.reports_rejected == 2 and scheduler.rejected_by_kind == {"priority_fn": 2}
+    assert scheduler.derivers["node"].state_dict() == before  # the node deriver never saw them
+    assert "returned -1.0" in scheduler.rejections[-1]
