@@ -68,26 +68,16 @@ def _problem(n: int, seed: int):
     import torch
 
     from pdml_ray.stragglers.problem import logistic_data, logistic_loss, logistic_model
-    from pdml_ray.stragglers.run import FullObjective
+    from pdml_ray.stragglers.run import FullObjective, minimize
 
     dim, l2 = 16, 1e-2
     train = n * max(1, 2048 // n)
     x_all, y_all = logistic_data(train + HELD_OUT, dim, seed)
     x, y, x_test, y_test = x_all[:train], y_all[:train], x_all[train:], y_all[train:]
     evaluate = FullObjective(logistic_model(dim), logistic_loss, x, y, l2)
-    theta = torch.zeros(dim + 1, requires_grad=True)
-    opt = torch.optim.LBFGS([theta], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-14,
-                            line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss, grad = evaluate(theta.detach())
-        theta.grad = grad.float()
-        return torch.tensor(loss)
-
-    opt.step(closure)
+    best, theta = minimize(evaluate, dim)
     return {"x": x, "y": y, "x_test": x_test, "y_test": y_test, "l2": l2, "dim": dim,
-            "best_loss": evaluate(theta.detach())[0], "initial_loss": evaluate(torch.zeros(dim + 1))[0],
+            "best_loss": best, "initial_loss": evaluate(torch.zeros(dim + 1))[0],
             "best_accuracy": _accuracy(theta.detach(), x_test, y_test)}
 
 

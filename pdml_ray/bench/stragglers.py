@@ -56,24 +56,14 @@ def _problem(n: int, b: int, seed: int):
     import torch
 
     from pdml_ray.stragglers.problem import logistic_data, logistic_loss, logistic_model
-    from pdml_ray.stragglers.run import FullObjective
+    from pdml_ray.stragglers.run import FullObjective, minimize
 
     dim, l2 = 16, 1e-2
     per = max(1, 2048 // (n * (n + b)))
     x, y = logistic_data(n * (n + b) * per, dim, seed)  # divides into n and into n + b equal partitions
     evaluate = FullObjective(logistic_model(dim), logistic_loss, x, y, l2)
-    theta = torch.zeros(dim + 1, requires_grad=True)
-    opt = torch.optim.LBFGS([theta], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-14,
-                            line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss, grad = evaluate(theta.detach())
-        theta.grad = grad.float()
-        return torch.tensor(loss)
-
-    opt.step(closure)
-    return x, y, l2, dim, evaluate(theta.detach())[0], evaluate(torch.zeros(dim + 1))[0]
+    best, _ = minimize(evaluate, dim)
+    return x, y, l2, dim, best, evaluate(torch.zeros(dim + 1))[0]
 
 
 def _straggler_model(args: argparse.Namespace, name: str, workers: int, seed: int, death_step: int):

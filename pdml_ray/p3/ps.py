@@ -56,8 +56,8 @@ def shard_of(slice_index: int, num_shards: int) -> int:
 
 def model_layers(model: nn.Module) -> list[tuple[str, nn.Module, list[nn.Parameter]]]:
     """Modules with trainable parameters of their own, in registration order (= forward order for the
-    usual models); a shared parameter belongs to the first module that registers it. The same rule as
-    ``pdml_ray.train.p3_sync.model_layers`` (which sits above the actors and cannot be imported here)."""
+    usual models); a shared parameter belongs to the first module that registers it. Both P3 runtimes
+    (this parameter server and ``pdml_ray.train.p3_sync``) cut layers by it."""
     seen: set[int] = set()
     out = []
     for name, module in model.named_modules():

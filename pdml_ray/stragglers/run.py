@@ -113,6 +113,22 @@ class FullObjective:
         return float(loss.detach()), flat_grad(self.model).detach().to(torch.float64)
 
 
+def minimize(evaluate: FullObjective, dim: int, max_iter: int = 500) -> tuple[float, Tensor]:
+    """The objective's minimum and its parameters (L-BFGS from zero, strong Wolfe line search): the
+    reference a run's loss is compared with. Convex problems only (logistic regression here)."""
+    theta = torch.zeros(dim + 1, requires_grad=True)
+    opt = torch.optim.LBFGS([theta], max_iter=max_iter, tolerance_grad=1e-12, tolerance_change=1e-14,
+                            line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss, grad = evaluate(theta.detach())
+        theta.grad = grad.float()
+        return torch.tensor(loss)
+
+    opt.step(closure)
+    return float(evaluate(theta.detach())[0]), theta.detach()
+
 def cosine(a: Tensor, b: Tensor) -> float:
     na, nb = float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(b))
     return float(torch.dot(a.double(), b.double())) / (na * nb) if na > 0 and nb > 0 else math.nan

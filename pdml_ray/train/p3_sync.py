@@ -57,6 +57,7 @@ from pdml_ray.config.p3 import P3Config
 from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.p3.auto import AutoChoice, tune
 from pdml_ray.p3.link import EmulatedLink, LinkModel
+from pdml_ray.p3.ps import model_layers
 from pdml_ray.p3.simulate import send_order
 from pdml_ray.p3.slicing import SlicePlan, plan_slices, unflatten_layer
 from pdml_ray.train.wrappers import GradientCombiner, is_fsdp2
@@ -128,19 +129,6 @@ class _Layer:
     @property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
-
-
-def model_layers(model: nn.Module) -> list[tuple[str, nn.Module, list[nn.Parameter]]]:
-    """Modules with trainable parameters of their own, in registration order (a shared parameter
-    belongs to the first module that registers it)."""
-    seen: set[int] = set()
-    out = []
-    for name, module in model.named_modules():
-        params = [p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen]
-        if params:
-            seen |= {id(p) for p in params}
-            out.append((name, module, params))
-    return out
 
 
 class P3AllReduce(GradientCombiner):

@@ -11,7 +11,7 @@ from pdml_ray.stragglers.delays import Death, NoStragglers, ShiftedExponential
 from pdml_ray.stragglers.policy import Arrival, WorkerTask, make_combination
 from pdml_ray.stragglers.problem import logistic_data, logistic_loss, logistic_model, make_workers
 from pdml_ray.stragglers.registry import POLICIES, make_policy
-from pdml_ray.stragglers.run import FullObjective
+from pdml_ray.stragglers.run import FullObjective, minimize
 from pdml_ray.stragglers.simulate import simulate
 
 N, S, DIM, L2 = 8, 1, 8, 1e-2
@@ -163,17 +163,7 @@ def test_every_policy_converges_to_syncs_optimum(problem):
     """Shifted-exponential stragglers; after 150 steps of lr 1.0 every policy's loss is within 1e-3
     of sync's and its parameters within 0.05 (sync itself is within 1e-4 of the L-BFGS optimum)."""
     x, y, evaluate = problem
-    theta = torch.zeros(DIM + 1, requires_grad=True)
-    opt = torch.optim.LBFGS([theta], max_iter=300, tolerance_grad=1e-12, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss, grad = evaluate(theta.detach())
-        theta.grad = grad.float()
-        return torch.tensor(loss)
-
-    opt.step(closure)
-    best = evaluate(theta.detach())[0]
+    best, _ = minimize(evaluate, DIM, max_iter=300)
     finals = {}
     for name in POLICIES:
         p = make_policy(name, workers=N, stragglers=S)
