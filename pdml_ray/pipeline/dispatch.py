@@ -16,6 +16,12 @@ is ready. A backward is never blocked by memory. If a* is a forward, what its re
 order after a* are forwards of the run of forwards that a* starts; up to the last of them the in-order
 count of activations is at least the current count plus one (for a*), and validation bounds that by
 the limit: a* is eligible, a contradiction.
+
+A replica that dies mid-step (``drop_replica``) loses its micro-batches of that stage to the
+survivors (``pdml_ray.pipeline.faults.Reroute`` says how). From then on the step runs as plain
+dataflow: every live replica takes the first ready action in its order, whatever its kind, and the
+memory limit no longer binds. Dataflow cannot deadlock (the dependencies form a DAG and every pending
+action has a live replica), which the in-order guarantee above no longer covers once work has moved.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import math
 
 from pdml_ray.errors import PlanError
+from pdml_ray.pipeline.faults import Reroute, pick_survivor
 from pdml_ray.pipeline.plan import Action, Kind, Plan, dependency_table
 
 
@@ -43,6 +50,9 @@ class Dispatcher:
         self._limit = plan.memory_limit if plan.memory_limit is not None else math.inf
         self._total = plan.num_actions
         self._completed = 0
+        self._placement = dict(plan.placement)  # (stage, microbatch) -> replica; changes on drop_replica
+        self._dead: set[tuple[int, int]] = set()
+        self._dataflow = False  # set once work has moved after a death: see the module docstring
 
     def _ready(self, action: Action, now: float) -> bool:
         m = action.microbatch
@@ -64,6 +74,8 @@ class Dispatcher:
         pending = self._pending[(stage, replica)]
         if not pending:
             return None
+        if self._dataflow:
+            return next((a for a in pending if self._ready(a, now)), None)
         if not self.plan.reorder:
             return pending[0] if self._eligible(pending[0], now) else None
         # Reorder rule: an action may overtake earlier pending actions only if they are all of its
@@ -107,9 +119,52 @@ class Dispatcher:
 
         Each runs on the replica that holds its micro-batch at its stage (the placement rule).
         """
-        m, replica_of = action.microbatch, self.plan.replica_of
-        return [Action(stage, replica_of(stage, m), kind, m)
+        m = action.microbatch
+        return [Action(stage, self._placement[(stage, m)], kind, m)
                 for stage, kind in self._consumers[action.stage][action.kind]]
+
+    def replica_of(self, stage: int, microbatch: int) -> int:
+        """The replica that holds ``microbatch`` at ``stage`` now (the plan's, unless a death moved it)."""
+        return self._placement[(stage, microbatch)]
+
+    def drop_replica(self, stage: int, replica: int, step: int = 0) -> Reroute:
+        """Replica ``replica`` of ``stage`` died: move all its micro-batches of this step to survivors.
+
+        Its accumulated gradients died with it, so every micro-batch placed on it at ``stage`` runs
+        its forward and backward again on a survivor (least-loaded first), whatever state it had
+        reached; done forwards and backwards there are forgotten, so their consumers that have not
+        started yet wait for the re-run. Its started actions never complete; the caller drops them.
+        PlanError if the stage has no live replica left.
+        """
+        key = (stage, replica)
+        if key not in self._pending or key in self._dead:
+            raise PlanError(f"stage {stage} replica {replica} is not a live replica of this step")
+        self._dead.add(key)
+        survivors = [r for r in range(self.plan.replicas[stage]) if (stage, r) not in self._dead]
+        if not survivors:
+            raise PlanError(f"stage {stage} has no live replica left (replica {replica} was the last)")
+        lost = sorted(m for (k, m), r in self._placement.items() if k == stage and r == replica)
+        load = {r: len(self._pending[(stage, r)]) for r in survivors}
+        added: dict[int, list[Action]] = {r: [] for r in survivors}
+        moved: list[tuple[int, int]] = []
+        replayed: list[int] = []
+        redone: list[int] = []
+        for m in lost:
+            s = pick_survivor(load)
+            load[s] += 2
+            for kind, forgotten in ((Kind.FORWARD, replayed), (Kind.BACKWARD, redone)):
+                if self._done_at.pop((stage, kind, m), None) is not None:
+                    self._completed -= 1
+                    forgotten.append(m)
+            self._placement[(stage, m)] = s
+            added[s] += [Action(stage, s, Kind.FORWARD, m), Action(stage, s, Kind.BACKWARD, m)]
+            moved.append((m, s))
+        for s, actions in added.items():
+            self._pending[(stage, s)][:0] = actions  # late already: first in the survivor's order
+        self._pending[key] = []
+        self._in_flight[key] = 0
+        self._dataflow = True
+        return Reroute(step, stage, replica, tuple(moved), tuple(replayed), tuple(redone))
 
     def in_flight(self, stage: int, replica: int) -> int:
         return self._in_flight[(stage, replica)]

@@ -183,6 +183,14 @@ class StageWorker:
         self._saved.clear()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def sum_grads(self, *replica_grads: Sequence[Tensor]) -> None:
+        """Replace the accumulated gradients by the sum of all replicas' (in the order given); no step.
+
+        The first half of ``sum_grads_and_step``: the runtime checks that every stage summed before any
+        replica steps, so that a replica lost during the exchange can still be made up for.
+        """
+        self.apply_grads([torch.stack(list(gs)).sum(dim=0) for gs in zip(*replica_grads)])
+
     def sum_grads_and_step(self, *replica_grads: Sequence[Tensor]) -> float:
         """Sum the gradients of all replicas of this stage (in the order given), apply, step.
 

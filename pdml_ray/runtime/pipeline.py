@@ -14,26 +14,58 @@ Speeds below 1.0 are EMULATED (``pdml_ray.emulation``): the replica sleeps after
 With ``compute="sleep"`` the compute time itself is EMULATED: each action runs the real (small)
 forward/backward and then sleeps samples x ``per_sample_s`` / speed (twice that for a backward), so
 that many stage actors on a few cores still run at their configured speeds.
+
+A replica that dies (its call fails with ``RayActorError``: a crash, an OOM kill, ``ray.kill``) is
+noticed, never waited on; the step completes on the survivors of its stage and its update equals
+the one without the death. The driver keeps, until the step's optimizer step, the ObjectRef of every
+stage's input activations and output gradient of every micro-batch (boundary tensors only, in the
+object store; the autograd state stays in the actors), so any micro-batch can be re-run at any
+stage. Which ones are re-run is decided wholesale (``Dispatcher.drop_replica``,
+``pdml_ray.pipeline.faults``): the dead replica's accumulated gradients died with it, so EVERY
+micro-batch it held at its stage this step runs its forward and backward again on a survivor,
+whether it had not started, had run its forward there (a replayed forward, from the kept inputs)
+or had finished its backward there (a redone backward: its gradient was lost). Its consumers that
+already used its outputs keep them (the replicas hold identical parameters, so a replay produces
+the same values); those not started yet wait for the re-run. After a death the rest of the step
+runs as dataflow (no deadlock, memory limit not enforced). A death noticed during the gradient
+exchange is handled the same way: the exchange sums first (``sum_grads``) and steps only once
+every stage has summed, and a stage whose sum lacks a dead replica's gradients has the micro-batches
+that replica held re-run on survivors first. The runtime tracks which replica holds each
+(stage, micro-batch)'s gradient and checks before stepping that each is held by exactly one live
+replica (``StepResult.backward_counts``). Later steps exclude the dead replica: the scheduler's
+plan is moved onto the survivors (``exclude_replicas``; ``StepResult.replan`` is the plan that
+ran, with fewer replicas); measurements keep the launch-time replica ids. When a stage has no
+replica left, ``PipelineFaultError`` names the stage and the step; every wait is bounded
+(``action_timeout_s``), so a hung actor is an error too, never a hang.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import ray
 import torch
+from ray.exceptions import RayActorError
 from torch import Tensor, nn
 
 from pdml_ray.actors.stage import DEFAULT_STAGE_NUM_CPUS, launch_stage
 from pdml_ray.emulation import COMPUTE_MODES, EMULATION_NOTE, SLEEP_COMPUTE_NOTE, check_speed
-from pdml_ray.errors import ConfigError, PlanError, StateError, UsageError
+from pdml_ray.errors import ConfigError, PDMLError, PlanError, StateError, UsageError
 from pdml_ray.pipeline.dispatch import Dispatcher
+from pdml_ray.pipeline.faults import Replan, Reroute, exclude_replicas, pick_survivor
 from pdml_ray.pipeline.partition import split_sequential
 from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineScheduler, Plan, validate
 
 Speeds = Mapping[tuple[int, int], float] | Sequence[Sequence[float]]
+
+DEFAULT_ACTION_TIMEOUT_S = 120.0
+"""Longest the driver waits for any running action (or exchange call) to finish before giving up."""
+
+
+class PipelineFaultError(PDMLError, RuntimeError):
+    """A step cannot complete: every replica of a stage died, or nothing finished within the timeout."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +85,16 @@ class StepResult:
     emulated_s: float = 0.0
     """Seconds of emulated slowdown (sleep) summed over all actions of the step."""
     forward_counts: dict[tuple[int, int], int] = field(default_factory=dict)
-    """(stage, replica) -> micro-batches whose forward ran there: where the plan put the work."""
+    """(stage, replica) -> forwards that ran there (replays after a death included): where the work went."""
+    backward_counts: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(stage, live replica) -> micro-batches whose gradient that replica contributed to the update;
+    per stage they sum to the number of micro-batches (each accounted for exactly once)."""
+    reroutes: tuple[Reroute, ...] = ()
+    """One per replica that died during this step: where its micro-batches went, what was re-run."""
+    replan: Replan | None = None
+    """The scheduler's plan moved onto the survivors of earlier deaths (None: no replica was missing)."""
+    replicas: tuple[int, ...] = ()
+    """Live replicas per stage after the step."""
 
 
 class PipelineRuntime:
@@ -64,7 +105,8 @@ class PipelineRuntime:
                  lr: float = 0.1, speeds: Speeds | None = None, *, cuts: Sequence[int] | None = None,
                  optimizer: Callable[..., torch.optim.Optimizer] | None = None,
                  num_cpus_per_actor: float = DEFAULT_STAGE_NUM_CPUS, name_prefix: str | None = None,
-                 compute: str = "real", per_sample_s: float = 0.0) -> None:
+                 compute: str = "real", per_sample_s: float = 0.0,
+                 action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S) -> None:
         if not ray.is_initialized():
             raise UsageError("PipelineRuntime needs a running Ray cluster: call ray.init() first")
         if compute not in COMPUTE_MODES:
@@ -72,8 +114,13 @@ class PipelineRuntime:
         if compute == "sleep" and not 0.0 < per_sample_s < float("inf"):
             raise ConfigError(f"compute='sleep' needs per_sample_s > 0 seconds per sample (e.g. 0.0005), "
                               f"got {per_sample_s!r}")
+        if not 0.0 < action_timeout_s < float("inf"):
+            raise ConfigError(f"action_timeout_s must be a positive number of seconds, got {action_timeout_s!r}")
         self.compute, self.per_sample_s = compute, float(per_sample_s)
+        self.action_timeout_s = float(action_timeout_s)
         self.num_stages = num_stages
+        self.dead: dict[tuple[int, int], int] = {}
+        """(stage, replica) -> step at which its death was noticed; dead replicas get no more work."""
         self.replicas: tuple[int, ...] = ((int(replicas_per_stage),) * num_stages
                                           if isinstance(replicas_per_stage, int)
                                           else tuple(int(r) for r in replicas_per_stage))
@@ -118,48 +165,57 @@ class PipelineRuntime:
         the step's measurements go to ``scheduler.observe`` once, after the step, as in the simulator
         (``simulate_schedule``): schedulers fold one step at a time into their estimates.
         The step time counts planning too (an adaptive scheduler's decisions are part of its cost).
-        If an action fails, every replica drops the step's activations and gradients and the error
-        propagates; parameters are unchanged and the next step can run.
+        A replica that dies is survived (module docstring); ``PipelineFaultError`` when a stage has
+        none left. If an action fails otherwise, every live replica drops the step's activations and
+        gradients and the error propagates; parameters are unchanged and the next step can run.
         """
         start = time.perf_counter()
         plan = scheduler.plan(step)
         self._check_plan(plan)
+        lost = [k for k in range(self.num_stages) if not self._alive(k)]
+        if lost:
+            raise PipelineFaultError(f"step {step}: stage {lost[0]} has no live replica (all of "
+                                     f"{self.replicas[lost[0]]} died: {self._deaths(lost[0])}); this runtime "
+                                     "cannot run more steps: start a new one")
         m_count, batch = plan.num_microbatches, inputs.shape[0]
         if targets.shape[0] != batch or batch < m_count:
             raise PlanError(f"a batch of {batch} inputs and {targets.shape[0]} targets cannot feed "
                             f"{m_count} micro-batches; use at least one sample per micro-batch")
+        replan = exclude_replicas(plan, [self._alive(k) for k in range(self.num_stages)]) if self.dead else None
         xs, ys = inputs.tensor_split(m_count), targets.tensor_split(m_count)
-        scales = [x.shape[0] / batch for x in xs]
-        x_refs, y_refs = [ray.put(x) for x in xs], [ray.put(y) for y in ys]
-        measurements: list[Measurement] = []
+        st = _StepState(step, replan.alive if replan is not None else tuple(tuple(range(n)) for n in self.replicas),
+                        [ray.put(y) for y in ys], [x.shape[0] / batch for x in xs])
+        for m, x in enumerate(xs):
+            st.inputs[(0, m)] = ray.put(x)
         try:
-            loss, compute_s, emulated_s = self._drive(plan, step, x_refs, y_refs, scales, measurements)
+            self._drive(replan.plan if replan is not None else plan, st)
+            self._exchange(st)
         except BaseException:
             # Each actor runs this after the calls already queued on it (actor calls run in order).
             try:
-                ray.get([a.discard_step.remote() for row in self._actors for a in row], timeout=60)
+                ray.get([self._actors[k][r].discard_step.remote()
+                         for k in range(self.num_stages) for r in self._alive(k)], timeout=60)
             except Exception:  # noqa: BLE001 - a dead actor must not hide the original error
                 pass
             raise
-        self._sum_grads_and_step()
         step_time_s = time.perf_counter() - start
-        scheduler.observe(measurements)
+        scheduler.observe(st.measurements)
         counts = {key: 0 for key in plan.orders}
-        for m in measurements:
-            if m.kind is Kind.FORWARD:
-                counts[(m.stage, m.replica)] += 1
-        return StepResult(step, step_time_s, loss, tuple(measurements), plan.schedule, compute_s, emulated_s, counts)
+        for meas in st.measurements:
+            if meas.kind is Kind.FORWARD:
+                counts[(meas.stage, meas.replica)] += 1
+        backward_counts = {(k, r): 0 for k in range(self.num_stages) for r in self._alive(k)}
+        for (k, _), r in st.owner.items():  # a replica that died while stepping had delivered its gradients
+            backward_counts[(k, r)] = backward_counts.get((k, r), 0) + 1
+        return StepResult(step, step_time_s, sum(st.losses.values()), tuple(st.measurements), plan.schedule,
+                          st.compute_s, st.emulated_s, counts, backward_counts, tuple(st.reroutes), replan,
+                          self.live_replicas)
 
-    def _drive(self, plan: Plan, step: int, x_refs: list[ray.ObjectRef], y_refs: list[ray.ObjectRef],
-               scales: list[float], measurements: list[Measurement]) -> tuple[float, float, float]:
-        """Run every action of ``plan`` under the Dispatcher; returns (loss, compute_s, emulated_s) sums."""
+    def _drive(self, plan: Plan, st: "_StepState") -> None:
+        """Run every action of ``plan`` (replica r of stage k is ``st.ids[k][r]``) under the Dispatcher."""
         dispatcher = Dispatcher(plan)
-        # (stage, microbatch) -> ObjectRef of that stage's output activations / input gradient.
-        outputs: dict[tuple[int, int], ray.ObjectRef] = {}
-        input_grads: dict[tuple[int, int], ray.ObjectRef] = {}
         in_flight: dict[ray.ObjectRef, Action] = {}
         idle = set(plan.orders)
-        loss, compute_s, emulated_s = 0.0, 0.0, 0.0
         start = time.perf_counter()
         while not dispatcher.done():
             for key in sorted(idle):
@@ -168,52 +224,211 @@ class PipelineRuntime:
                     continue
                 dispatcher.start(action)
                 idle.discard(key)
-                in_flight[self._submit(action, x_refs, y_refs, scales, outputs, input_grads)] = action
+                in_flight[self._submit(action, st.ids[action.stage][action.replica], st)] = action
             if not in_flight:
-                raise PlanError(f"step {step}: the {plan.schedule or 'plan'} dispatch stalled with work left "
+                raise PlanError(f"step {st.step}: the {plan.schedule or 'plan'} dispatch stalled with work left "
                                 "and nothing running (plan not validated?)")
-            (ready,), _ = ray.wait(list(in_flight), num_returns=1)
-            action = in_flight.pop(ready)
-            timing = ray.get(ready)  # raises the actor's error if the call failed
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=self.action_timeout_s)
+            if not ready:
+                raise PipelineFaultError(f"step {st.step}: no pipeline action finished within action_timeout_s="
+                                         f"{self.action_timeout_s:g} s; running: "
+                                         f"{sorted(str(a) for a in in_flight.values())}")
+            action = in_flight.pop(ready[0])
+            k, r = action.stage, st.ids[action.stage][action.replica]
+            try:
+                timing = ray.get(ready[0])  # raises the actor's error if the call failed
+            except RayActorError as err:
+                for dk, dr in self._notice_deaths(st, (k, r), err):
+                    rank = st.ids[dk].index(dr)
+                    reroute = dispatcher.drop_replica(dk, rank, st.step)
+                    st.reroutes.append(_in_ids(reroute, st.ids[dk]))
+                    idle.discard((dk, rank))
+                    for ref, a in list(in_flight.items()):
+                        if (a.stage, a.replica) == (dk, rank):
+                            del in_flight[ref]  # its call fails too; its work was moved
+                continue
             dispatcher.complete(action, at=time.perf_counter() - start)
             idle.add((action.stage, action.replica))
-            if timing.loss is not None:
-                loss += timing.loss
-            compute_s += timing.compute_s
-            emulated_s += timing.emulated_s
-            measurements.append(Measurement(action.stage, action.replica, action.kind, action.microbatch,
-                                            timing.latency_s))
-        return loss, compute_s, emulated_s
+            st.record(Measurement(k, r, action.kind, action.microbatch, timing.latency_s), timing)
+            if action.kind is Kind.BACKWARD:
+                st.owner[(k, action.microbatch)] = r
+        missing = [key for key, r in st.owner.items() if (key[0], r) in self.dead]
+        if missing:  # drop_replica re-runs everything a dead replica held: a bug if this fires
+            raise PipelineFaultError(f"step {st.step}: gradients of (stage, micro-batch) {missing} are on dead replicas")
 
-    def _submit(self, action: Action, x_refs: list[ray.ObjectRef], y_refs: list[ray.ObjectRef], scales: list[float],
-                outputs: dict[tuple[int, int], ray.ObjectRef],
-                input_grads: dict[tuple[int, int], ray.ObjectRef]) -> ray.ObjectRef:
-        """Submit ``action`` to its actor; returns the ref of its CallTiming."""
+    def _submit(self, action: Action, replica: int, st: "_StepState") -> ray.ObjectRef:
+        """Submit ``action`` to replica ``replica`` (a launch-time id) of its stage; returns its CallTiming's ref.
+
+        Inputs and gradients are looked up in ``st`` and kept there for the whole step, so that a
+        micro-batch can be re-run on another replica if this one dies.
+        """
         k, m = action.stage, action.microbatch
-        actor = self._actors[k][action.replica]
+        actor = self._actors[k][replica]
         last = k == self.num_stages - 1
         if action.kind is Kind.FORWARD:
-            # The producer's ref is dropped here: the submitted call holds it until it has run.
-            x = x_refs[m] if k == 0 else outputs.pop((k - 1, m))
             call: Any = actor.forward.options(num_returns=2)
-            out, timing = call.remote(m, x, y_refs[m], scales[m]) if last else call.remote(m, x)
+            x = st.inputs[(k, m)]
+            out, timing = call.remote(m, x, st.y_refs[m], st.scales[m]) if last else call.remote(m, x)
             if not last:
-                outputs[(k, m)] = out
+                st.inputs[(k + 1, m)] = out
         else:
-            grad_output = None if last else input_grads.pop((k + 1, m))
             backward: Any = actor.backward.options(num_returns=2)
-            grad_input, timing = backward.remote(m, grad_output)
+            grad_input, timing = backward.remote(m, None if last else st.grad_outputs[(k, m)])
             if k > 0:
-                input_grads[(k, m)] = grad_input
+                st.grad_outputs[(k - 1, m)] = grad_input
         return timing
 
-    def _sum_grads_and_step(self) -> None:
-        """Every replica of a stage sums all replicas' gradients (same order everywhere) and steps."""
-        done = []
-        for row in self._actors:
-            grads = [a.grads.remote() for a in row]
-            done += [a.sum_grads_and_step.remote(*grads) for a in row]
-        ray.get(done)
+    def _notice_deaths(self, st: "_StepState", suspect: tuple[int, int], err: Exception) -> list[tuple[int, int]]:
+        """After a ``RayActorError`` from ``suspect``'s call: the replicas now dead, marked in ``self.dead``.
+
+        Pings ``suspect`` (and, if it answers, every live replica: the error came from elsewhere); a
+        replica whose ping fails with ``RayActorError`` is dead (and killed, so it cannot come back
+        with stale parameters). Raises ``PipelineFaultError`` if a stage has no replica left, and
+        re-raises the original error if nobody is found dead.
+        """
+        dead = self._dead_among([suspect])
+        if not dead:
+            dead = self._dead_among([(k, r) for k in range(self.num_stages) for r in self._alive(k)])
+        if not dead:
+            raise err
+        self._mark_dead(dead, st.step)
+        for k in sorted({k for k, _ in dead}):
+            if not self._alive(k):
+                raise PipelineFaultError(f"step {st.step}: every replica of stage {k} died ({self._deaths(k)}); the "
+                                         f"step cannot complete and this runtime cannot run more steps")
+        return dead
+
+    def _mark_dead(self, keys: list[tuple[int, int]], step: int) -> None:
+        """Record deaths noticed at ``step`` and kill the actors, so that none comes back with stale parameters."""
+        for k, r in keys:
+            self.dead.setdefault((k, r), step)
+            try:
+                ray.kill(self._actors[k][r])
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def _dead_among(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Which of the replicas ``keys`` fail a ping with ``RayActorError`` (bounded by ``action_timeout_s``)."""
+        refs = {self._actors[k][r].describe.remote(): (k, r) for k, r in keys}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.action_timeout_s)
+        dead = []
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.append(refs[ref])
+        return sorted(dead)
+
+    def _exchange(self, st: "_StepState") -> None:
+        """Every live replica of a stage sums the stage's live replicas' gradients (same order everywhere),
+        then, once every stage has summed, all step. A replica found dead meanwhile: its micro-batches
+        are re-run on survivors of its stage (``_make_up``) and that stage sums again."""
+        todo = list(range(self.num_stages))
+        for _ in range(sum(self.replicas) + 1):  # every round that does not finish loses a replica
+            if not todo:
+                break
+            calls: dict[ray.ObjectRef, tuple[int, int]] = {}
+            for k in todo:
+                alive = self._alive(k)
+                grads = [self._actors[k][r].grads.remote() for r in alive]
+                calls.update({self._actors[k][r].sum_grads.remote(*grads): (k, r) for r in alive})
+            failed = self._settle(st, calls, "summing gradients")
+            if not failed:
+                break
+            err = next(iter(failed.values()))
+            dead = self._dead_among(sorted(failed))
+            if not dead:
+                raise err
+            self._mark_dead(dead, st.step)
+            for k in sorted({k for k, _ in dead}):
+                if not self._alive(k):
+                    raise PipelineFaultError(f"step {st.step}: every replica of stage {k} died ({self._deaths(k)}) "
+                                             "during the gradient exchange; the step cannot complete") from err
+            todo = []
+            for k in sorted({k for k, _ in failed}):
+                if any((k, r) in failed for r in self._alive(k)):  # survivors did not sum: a gradient is missing
+                    self._make_up(st, k)
+                    todo.append(k)
+        else:
+            raise PipelineFaultError(f"step {st.step}: the gradient exchange did not settle")
+        calls = {self._actors[k][r].step.remote(): (k, r) for k in range(self.num_stages) for r in self._alive(k)}
+        for (k, r), err in self._settle(st, calls, "stepping").items():
+            if not isinstance(err, RayActorError):
+                raise err
+            self._mark_dead([(k, r)], st.step)  # it had summed: its stage's survivors hold every gradient
+
+    def _settle(self, st: "_StepState", calls: dict[ray.ObjectRef, tuple[int, int]],
+                what: str) -> dict[tuple[int, int], Exception]:
+        """Wait (bounded) for ``calls``; (stage, replica) -> error of each that failed."""
+        ready, not_ready = ray.wait(list(calls), num_returns=len(calls), timeout=self.action_timeout_s)
+        if not_ready:
+            raise PipelineFaultError(f"step {st.step}: replicas {sorted(calls[r] for r in not_ready)} did not finish "
+                                     f"{what} within action_timeout_s={self.action_timeout_s:g} s")
+        failed: dict[tuple[int, int], Exception] = {}
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - sorted out by the caller
+                failed[calls[ref]] = e
+        return failed
+
+    def _make_up(self, st: "_StepState", k: int) -> None:
+        """Re-run, on live replicas of stage ``k``, every micro-batch whose gradient there was on a dead one."""
+        for _ in range(self.replicas[k]):
+            lost = sorted(m for (kk, m), r in st.owner.items() if kk == k and (k, r) in self.dead)
+            if not lost:
+                return
+            alive = self._alive(k)
+            if not alive:
+                raise PipelineFaultError(f"step {st.step}: every replica of stage {k} died ({self._deaths(k)}) "
+                                         "during the gradient exchange; the step cannot complete")
+            load = {r: 0 for r in alive}
+            calls: dict[ray.ObjectRef, tuple[int, Action]] = {}
+            by_dead: dict[int, list[tuple[int, int]]] = {}
+            for m in lost:
+                r = pick_survivor(load)
+                load[r] += 1
+                by_dead.setdefault(st.owner[(k, m)], []).append((m, r))
+                for kind in Kind:  # one caller's calls to an actor run in order: F, then its B
+                    a = Action(k, r, kind, m)
+                    calls[self._submit(a, r, st)] = (r, a)
+            for dead_r, moved in sorted(by_dead.items()):
+                ms = tuple(m for m, _ in moved)
+                st.reroutes.append(Reroute(st.step, k, dead_r, tuple(moved), ms, ms, "exchange"))
+            ready, not_ready = ray.wait(list(calls), num_returns=len(calls), timeout=self.action_timeout_s)
+            if not_ready:
+                raise PipelineFaultError(f"step {st.step}: re-running stage {k}'s lost micro-batches did not finish "
+                                         f"within action_timeout_s={self.action_timeout_s:g} s")
+            for ref in ready:
+                r, a = calls[ref]
+                try:
+                    timing = ray.get(ref)
+                except RayActorError:
+                    if self._dead_among([(k, r)]):
+                        self._mark_dead([(k, r)], st.step)
+                        continue
+                    raise
+                st.record(Measurement(k, r, a.kind, a.microbatch, timing.latency_s), timing, replay=True)
+                if a.kind is Kind.BACKWARD and (k, r) not in self.dead:
+                    st.owner[(k, a.microbatch)] = r
+        raise PipelineFaultError(f"step {st.step}: stage {k}'s lost micro-batches could not be re-run")
+
+    def _alive(self, stage: int) -> list[int]:
+        """Live replicas of ``stage`` (launch-time ids), ascending."""
+        return [r for r in range(self.replicas[stage]) if (stage, r) not in self.dead]
+
+    def _deaths(self, stage: int) -> str:
+        return ", ".join(f"replica {r} at step {s}" for (k, r), s in sorted(self.dead.items()) if k == stage)
+
+    @property
+    def live_replicas(self) -> tuple[int, ...]:
+        """Live replicas per stage (``replicas`` is what the runtime was launched with, and what plans use)."""
+        return tuple(len(self._alive(k)) for k in range(self.num_stages))
+
+    def inject_death(self, stage: int, replica: int, call: str, microbatch: int | None = None) -> None:
+        """TEST-ONLY fault injection: replica ``replica`` of ``stage`` exits its process (``os._exit``) when it
+        next starts ``call`` ('F' or 'B' of ``microbatch``, or 'grads' in the gradient exchange)."""
+        ray.get(self._actors[stage][replica].die_at.remote(call, microbatch))
 
     def _check_plan(self, plan: Plan) -> None:
         if plan.num_stages != self.num_stages or tuple(plan.replicas) != self.replicas:
@@ -224,9 +439,14 @@ class PipelineRuntime:
 
     # -- parameters and lifetime ------------------------------------------------------------------
 
+    def _live_keys(self) -> set[tuple[int, int]]:
+        return {(k, r) for k in range(self.num_stages) for r in self._alive(k)}
+
     def parameters(self, replica: int = 0) -> list[Tensor]:
-        """The full model's parameters in ``model.parameters()`` order, taken from ``replica`` of each stage."""
-        per_stage: list[list[Tensor]] = ray.get([row[min(replica, len(row) - 1)].get_parameters.remote() for row in self._actors])
+        """The full model's parameters in ``model.parameters()`` order, taken from ``replica`` of each stage
+        (or its first live replica where ``replica`` is dead or missing)."""
+        picks = [replica if (k, replica) in self._live_keys() else self._alive(k)[0] for k in range(self.num_stages)]
+        per_stage: list[list[Tensor]] = ray.get([self._actors[k][r].get_parameters.remote() for k, r in enumerate(picks)])
         return [p for stage in per_stage for p in stage]
 
     def set_parameters(self, params: Sequence[Tensor]) -> None:
@@ -236,16 +456,16 @@ class PipelineRuntime:
             raise StateError(f"set_parameters got {len(params)} tensors; the model has {sum(sizes)} "
                              "(pass them in model.parameters() order)")
         calls, offset = [], 0
-        for row, n in zip(self._actors, sizes):
+        for k, n in enumerate(sizes):
             chunk = ray.put([p.detach().cpu() for p in params[offset:offset + n]])
-            calls += [a.set_parameters.remote(chunk) for a in row]
+            calls += [self._actors[k][r].set_parameters.remote(chunk) for r in self._alive(k)]
             offset += n
         ray.get(calls)
 
     def replicas_identical(self) -> bool:
-        """True when every replica of every stage holds bitwise the same parameters."""
-        for row in self._actors:
-            copies: list[list[Tensor]] = ray.get([a.get_parameters.remote() for a in row])
+        """True when every live replica of every stage holds bitwise the same parameters."""
+        for k in range(self.num_stages):
+            copies: list[list[Tensor]] = ray.get([self._actors[k][r].get_parameters.remote() for r in self._alive(k)])
             if any(not torch.equal(p, q) for c in copies[1:] for p, q in zip(copies[0], c)):
                 return False
         return True
@@ -258,7 +478,10 @@ class PipelineRuntime:
     def shutdown(self) -> None:
         for row in self._actors:
             for actor in row:
-                ray.kill(actor)
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001 - a dead actor is already gone
+                    pass
         self._actors = []
 
     def __enter__(self) -> "PipelineRuntime":
@@ -281,3 +504,38 @@ def _speed_table(speeds: Speeds | None, replicas: tuple[int, ...]) -> dict[tuple
     for key, s in given.items():
         table[key] = check_speed(s, f"speed of stage {key[0]} replica {key[1]}")
     return table
+
+
+@dataclass
+class _StepState:
+    """What the driver keeps during one step; every ref is held until the step's optimizer step."""
+
+    step: int
+    ids: tuple[tuple[int, ...], ...]
+    """Per stage, the launch-time id of the plan's replica r (identity unless replicas died before)."""
+    y_refs: list[ray.ObjectRef]
+    scales: list[float]
+    inputs: dict[tuple[int, int], ray.ObjectRef] = field(default_factory=dict)
+    """(stage, micro-batch) -> that stage's input activations (stage 0: the micro-batch itself)."""
+    grad_outputs: dict[tuple[int, int], ray.ObjectRef] = field(default_factory=dict)
+    """(stage, micro-batch) -> d loss / d that stage's output (from the next stage's backward)."""
+    owner: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(stage, micro-batch) -> the replica whose accumulated gradients hold that micro-batch's."""
+    losses: dict[int, float] = field(default_factory=dict)
+    """Micro-batch -> its scaled loss (a replayed last-stage forward overwrites, never adds)."""
+    measurements: list[Measurement] = field(default_factory=list)
+    reroutes: list[Reroute] = field(default_factory=list)
+    compute_s: float = 0.0
+    emulated_s: float = 0.0
+
+    def record(self, measurement: Measurement, timing: Any, replay: bool = False) -> None:
+        self.measurements.append(measurement)
+        self.compute_s += timing.compute_s
+        self.emulated_s += timing.emulated_s
+        if timing.loss is not None and not replay:
+            self.losses[measurement.microbatch] = timing.loss
+
+
+def _in_ids(reroute: Reroute, ids: tuple[int, ...]) -> Reroute:
+    """``reroute`` (in the running plan's replica numbers of its stage) in launch-time replica ids."""
+    return replace(reroute, replica=ids[reroute.replica], moved=tuple((m, ids[r]) for m, r in reroute.moved))
