@@ -32,3 +32,8 @@ class UsageError(PDMLError, RuntimeError):
 
 class SchedulerUnavailableError(PDMLError, RuntimeError):
     """The scheduler actor cannot be reached for a call that must reach it (checkpoints, start-up)."""
+
+
+class NonFiniteError(PDMLError, RuntimeError):
+    """A worker's loss (or the combined gradient) was NaN or infinite for more consecutive steps than
+    ``node_priority.max_consecutive_nonfinite`` allows; the message names the worker and the step."""

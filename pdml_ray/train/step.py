@@ -2,22 +2,51 @@
 (``StepScope``): it applies importance weights and the wrapper's loss scale, times the step's compute
 (ending where DDP's last gradient bucket is ready), sleeps for an EMULATED slow worker, and hands the
 finished step to its ``PDMLContext``, which reports it once its compute time is known.
+
+**Non-finite losses and gradients** (``NodePriorityConfig.check_nonfinite``, on by default). A worker
+whose per-sample losses are not all finite is *excluded* from the step: its gradient counts for
+nothing and the others' weights are renormalised over the workers that remain
+(``w_i' = w_i ok_i / sum_j w_j ok_j``), so the step's update is the mean gradient over the good
+workers' samples. Every rank learns which workers were excluded from one all-reduce of a
+``3 x world_size`` vector, the same collective on every rank, so nobody waits for a collective another
+skipped. Under DDP that vector travels inside backward, appended to the first gradient bucket (no
+synchronisation point and no collective are added to the step; see ``wrappers``); under FSDP2 and P3
+``step.loss`` all-reduces it before returning. After backward the combined gradient is checked once more (it is
+identical on every rank under DDP; FSDP2 agrees on its shards with one more tiny all-reduce): if it is
+still not finite (an overflow inside backward while every loss was finite), or every worker was
+excluded, the step's gradients are dropped (``p.grad = None``), so an ``optimizer.step()`` *after*
+the block leaves the parameters and the optimizer's state (momentum, Adam's moments and step count)
+as they were. ``step.excluded`` (ranks), ``step.dropped`` and ``ctx.nonfinite`` (counts per worker)
+say what happened; an excluded worker's step is reported with loss NaN and no per-sample losses (a NaN
+would poison the sample priorities). A worker excluded ``max_consecutive_nonfinite`` steps in a row
+(or that many dropped steps in a row) ends the run: every rank raises ``NonFiniteError`` naming the
+worker (rank and accelerator type) and the step.
+
+Not caught: a NaN that reaches the gradients of a finite loss on one rank is only seen after the
+reduction (the whole step is dropped, the worker is not named); an ``optimizer.step()`` inside the
+block runs before the check; a loss computed outside ``step.loss`` is not checked at all; P3 ordering
+applies its per-layer updates itself, so a dropped step still updates under P3.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from pdml_ray.emulation import emulate_speed, sleep_compute
-from pdml_ray.errors import UsageError
+from pdml_ray.errors import NonFiniteError, UsageError
+from pdml_ray.train.wrappers import nonfinite_flags
 
 if TYPE_CHECKING:
     from pdml_ray.train.context import PDMLContext
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +62,73 @@ class StepBatch:
     end_offset: int = 0  # position in the epoch once this step is done (a checkpoint resumes there)
 
 
+@dataclass(slots=True)
+class NonFiniteCounts:
+    """What the non-finite guard did so far on this worker (the same on every rank): ``ctx.nonfinite``."""
+
+    world_size: int
+    limit: int
+    """``max_consecutive_nonfinite``: the run ends when a count of consecutive steps reaches it."""
+    excluded: list[int] = field(default_factory=list)
+    """Per worker (by rank): steps whose contribution was excluded for a NaN or infinite loss."""
+    consecutive: list[int] = field(default_factory=list)
+    """Per worker: excluded steps in a row up to the latest step."""
+    dropped_steps: int = 0
+    """Steps whose gradients were dropped: every worker excluded, or the combined gradient not finite."""
+    consecutive_dropped: int = 0
+    events: list[tuple[int, tuple[int, ...], bool]] = field(default_factory=list)
+    """The latest 100 steps with an exclusion or a drop: (step, excluded ranks, dropped)."""
+
+    def __post_init__(self) -> None:
+        self.excluded = self.excluded or [0] * self.world_size
+        self.consecutive = self.consecutive or [0] * self.world_size
+
+    @property
+    def total_excluded(self) -> int:
+        return sum(self.excluded)
+
+    def record(self, step: int, bad: tuple[int, ...], dropped: bool) -> tuple[int | None, int] | None:
+        """Count one step; returns (the rank that reached the limit, or None for dropped steps, and its
+        count) when the run must stop."""
+        for j in range(self.world_size):
+            if j in bad:
+                self.excluded[j] += 1
+                self.consecutive[j] += 1
+            else:
+                self.consecutive[j] = 0
+        grads_only = dropped and not bad  # finite losses everywhere, non-finite combined gradient
+        self.dropped_steps += int(dropped)
+        self.consecutive_dropped = self.consecutive_dropped + 1 if grads_only else 0
+        if bad or dropped:
+            self.events = (self.events + [(step, bad, dropped)])[-100:]
+        worst = max(range(self.world_size), key=lambda j: self.consecutive[j])
+        if self.consecutive[worst] >= self.limit:
+            return worst, self.consecutive[worst]
+        if self.consecutive_dropped >= self.limit:
+            return None, self.consecutive_dropped
+        return None
+
+
+def _grads_finite(params: list[torch.nn.Parameter], sharded: bool, device: torch.device) -> bool:
+    """Whether every gradient is finite, the same answer on every rank: under DDP the gradients are the
+    reduced ones (identical everywhere); under FSDP2 each rank holds a shard, so the ranks agree with
+    one tiny all-reduce. One sum per gradient (in float32 at least): an inf or NaN anywhere makes it
+    non-finite (a sum is ~100x cheaper on a CPU than a max-abs norm); finite gradients large enough for
+    their sum to overflow float32 (about 3e38) count as non-finite too, which they practically are."""
+    sums = []
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        g = g.to_local() if hasattr(g, "to_local") else g
+        if g.numel():
+            sums.append(g.sum(dtype=torch.float64 if g.dtype == torch.float64 else torch.float32).to(device))
+    bad = (~torch.isfinite(torch.stack(sums))).any().float().reshape(1) if sums else torch.zeros(1, device=device)
+    if sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(bad)
+    return not bool(bad.item())
+
+
 class StepScope:
     """Times one step's compute, applies importance weights, combines gradients on exit."""
 
@@ -42,6 +138,14 @@ class StepScope:
         self._per_sample: torch.Tensor | None = None
         self._ended, self._sleep_s = False, 0.0
         self._timed: list[tuple[int, float]] = []
+        self._guard: str | None = None  # "hook" (DDP: flags inside backward) or "sync" (in loss())
+        self._flags: torch.Tensor | None = None
+        self._flag_s = 0.0  # host seconds in loss()'s flag all-reduce (not compute)
+        self.excluded: tuple[int, ...] = ()
+        """Ranks whose contribution to this step was excluded (their loss was NaN or infinite)."""
+        self.dropped = False
+        """Whether this step's gradients were dropped (every rank excluded, or the combined gradient not
+        finite): ``optimizer.step()`` after the block then changes nothing."""
 
     def loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
         """Weighted mean of per-sample losses (shape (b_i,)); a zero-size batch gives a zero loss.
@@ -57,16 +161,54 @@ class StepScope:
         # float(): half-precision losses meet float32 weights as the product used to promote them
         total = (per_sample_loss.sum() if w is None
                  else per_sample_loss.float() @ torch.as_tensor(w, device=per_sample_loss.device))
-        scale = self.ctx._combiner.loss_scale(self.batch.grad_weight) if self.ctx._combiner is not None else 1.0
+        combiner, weight = self.ctx._combiner, self.batch.grad_weight
+        if combiner is not None and self.ctx.config.node_priority.check_nonfinite and self._guard is None:
+            weight, surrogate = self._guard_loss(weight)
+            if surrogate is not None:
+                return surrogate
+        scale = combiner.loss_scale(weight) if combiner is not None else 1.0
         return total * (scale / max(b, 1))
+
+    def _guard_loss(self, weight: float) -> tuple[float, torch.Tensor | None]:
+        """Is this rank's loss finite? DDP's hook takes it from here inside backward; otherwise the ranks
+        agree now (one all-reduce), this rank's weight is renormalised over the finite ranks, and an
+        excluded rank gets a loss whose gradient is zero (or, under FSDP2, its reduce-scatter input is)."""
+        ctx, combiner = self.ctx, self.ctx._combiner
+        assert combiner is not None and self._per_sample is not None
+        ok = torch.isfinite(self._per_sample).all()  # a 0-d bool on the loss's device (True when empty)
+        if combiner.guard(ok, ctx.rank, ctx.world_size):
+            self._guard = "hook"
+            return weight, None
+        self._guard = "sync"
+        n = ctx.world_size
+        good = bool(ok)
+        flags = nonfinite_flags(ok, ctx.rank, n, weight, ctx.device)
+        if n > 1 and dist.is_available() and dist.is_initialized():
+            t0 = time.perf_counter()
+            dist.all_reduce(flags)  # the same collective on every rank: nobody skips one
+            self._flag_s = time.perf_counter() - t0
+        self._flags = flags
+        good_w, total_w = float(flags[n:2 * n].sum()), float(flags[2 * n:].sum())
+        renormalised = weight * (total_w / good_w) if good and good_w > 0 else 0.0
+        if good and good_w == total_w:
+            renormalised = weight  # nobody excluded: exactly the weight, bit for bit
+        combiner.reweight(renormalised, not good)
+        if good or combiner.name == "fsdp":  # FSDP2: its backward must run (the reduce-scatter is zeroed)
+            return renormalised, None
+        # zero gradients through the parameters only, never through the non-finite activations
+        params = ctx._params
+        zero = sum((p.sum() * 0.0 for p in params), torch.zeros((), device=ctx.device))
+        return renormalised, zero
 
     def __enter__(self) -> "StepScope":
         if self.ctx._combiner is None:
             raise UsageError("call ctx.prepare_model(model) before the first ctx.step(batch)")
         self.ctx._combiner.begin(self.batch.grad_weight)
+        self.ctx._combiner.excluded = False
         self.ctx._timer.begin(self.batch.step)
         self.ctx._open_scope = self
         self._ended, self._sleep_s, self._timed = False, 0.0, []
+        self._guard, self._flags, self._flag_s, self.excluded, self.dropped = None, None, 0.0, (), False
         return self
 
     def compute_ended(self) -> None:
@@ -88,6 +230,7 @@ class StepScope:
             mine = [span for step, span in self._timed if step == self.batch.step]
             if mine:
                 launch_s = 0.0 if ctx.device.type == "cuda" else ctx._combiner.launch_s  # type: ignore[union-attr]
+                launch_s += 0.0 if ctx.device.type == "cuda" else self._flag_s  # loss()'s flag all-reduce
                 self._sleep_s = emulate_speed(mine[0] - launch_s, ctx.speed)  # counts as compute
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -105,14 +248,72 @@ class StepScope:
         # Launching the all-reduce from inside backward (flatten, scale) is communication, not compute:
         # it costs the same at any batch size, and counting it would skew the throughput shares. On a GPU
         # the host's launch time overlaps the kernels, so the event span needs no correction.
-        launch_s = 0.0 if ctx.device.type == "cuda" else combiner.launch_s
+        launch_s = 0.0 if ctx.device.type == "cuda" else combiner.launch_s + self._flag_s
         now = time.perf_counter()
         end = combiner.compute_end() or now
         timed = self._timed + timer.collect()
         wait_s = launch_s + max(0.0, now - end - self._sleep_s)  # backward's wait for the all-reduce
+        stop = self._check_finite() if self._guard is not None else None
         ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, self._sleep_s)
         for step, span_s in timed:
             ctx._report_timed(step, span_s)
+        if stop is not None:
+            self._stop(*stop)
+
+    def _check_finite(self) -> tuple[int | None, int] | None:
+        """After backward: who was excluded (the flags, the same on every rank), whether the combined
+        gradient is finite; drop the step's gradients if nothing finite is left to apply, and count.
+        Returns what ``_stop`` needs when a limit is reached."""
+        ctx, combiner = self.ctx, self.ctx._combiner
+        assert combiner is not None
+        t0 = time.perf_counter()
+        flags = self._flags if self._guard == "sync" else combiner.flags()
+        if flags is None:  # DDP: no bucket was reduced (no backward in the block): nothing to check
+            return None
+        n = ctx.world_size
+        host = flags.tolist()
+        bad = tuple(j for j in range(n) if host[j] > 0.5)
+        dropped = bool(bad) and sum(host[n:2 * n]) <= 0.0  # every rank excluded (or only empty batches left)
+        if not dropped and combiner.name != "p3":  # P3 holds the gradients itself (already applied per layer)
+            dropped = not _grads_finite(ctx._params, combiner.name == "fsdp", ctx.device)
+        if dropped:
+            for p in ctx._params:
+                p.grad = None  # optimizer.step() skips parameters without a gradient: state untouched
+        if ctx.rank in bad:
+            self._per_sample = None  # NaN must not reach the report (nor the sample priorities)
+        self.excluded, self.dropped = bad, dropped
+        if (bad or dropped) and ctx.rank == 0:
+            log.warning("step %d: %s%s", self.batch.step,
+                        f"excluded worker(s) {list(bad)} (loss NaN or infinite), weights renormalised over the "
+                        "others" if bad else "", ("; " if bad else "") + "gradients dropped (nothing finite to apply)"
+                        if dropped else "")
+        stop = ctx.nonfinite.record(self.batch.step, bad, dropped)
+        ctx._step_overhead += time.perf_counter() - t0
+        ctx.overhead_s += time.perf_counter() - t0
+        return stop
+
+    def _stop(self, rank: int | None, count: int) -> None:
+        """Every rank raises the same error (they all hold the same flags): the run ends, nobody hangs."""
+        ctx = self.ctx
+        limit = ctx.config.node_priority.max_consecutive_nonfinite
+        step = self.batch.step
+        if rank is None:
+            raise NonFiniteError(
+                f"the combined gradient was NaN or infinite in {count} consecutive steps (the last: step {step}) "
+                "while every worker's loss was finite (an overflow inside backward, or parameters already "
+                "non-finite); each time the step's gradients were dropped. Lower the learning rate, clip or "
+                f"scale the gradients, or raise node_priority.max_consecutive_nonfinite (now {limit})")
+        types = [ctx.accelerator_type] * ctx.world_size
+        if ctx.world_size > 1 and dist.is_available() and dist.is_initialized():
+            gathered: list[object] = [None] * ctx.world_size
+            dist.all_gather_object(gathered, ctx.accelerator_type)  # every rank is here (same flags)
+            types = [str(t) for t in gathered]
+        total = ctx.nonfinite.excluded[rank]
+        raise NonFiniteError(
+            f"worker rank {rank} ({types[rank]}) had a NaN or infinite loss in {count} consecutive steps, the "
+            f"last at step {step}; its contribution to each was excluded ({total} steps excluded in all) and "
+            f"the run stops at step {step} after node_priority.max_consecutive_nonfinite={limit}. Check that "
+            "worker's data and device (a NaN in its inputs, an overflow in its forward), or raise the limit")
 
 
 @dataclass(slots=True)

@@ -19,6 +19,18 @@ the mean gradient over the global batch. How each wrapper gets there:
   not measurably win (``bench hetero``: speedup 1.87 vs 1.80, inside the repeats' spread), and DDP
   brings buffers, ``no_sync`` and years of tuning.
 
+**Non-finite losses** (``step.loss``, ``NodePriorityConfig.check_nonfinite``): a rank whose loss is
+NaN or infinite contributes nothing to the step, and the others' weights are renormalised over the
+ranks that remain, ``w_i' = w_i ok_i / sum_j w_j ok_j`` (the weights sum to 1). Under DDP this
+happens inside the hook, with no extra synchronisation point and no extra collective: the step's
+first bucket carries a ``3 x world_size`` vector appended to it (which ranks are excluded,
+``w_j ok_j``, ``w_j``; a half-precision bucket sends it in its own float64 all-reduce instead), every
+bucket of an excluded rank is zeroed before its all-reduce (its NaN never leaves it), and each
+reduced bucket is multiplied by ``sum_j w_j / sum_j w_j ok_j`` (only when some rank was excluded).
+Under FSDP2 (and P3) the vector is all-reduced in ``step.loss`` itself (FSDP2's compute time already
+includes its collectives); an excluded rank's reduce-scatter input is zeroed by a custom
+reduce-scatter installed on every ``fully_shard`` module.
+
 FSDP1 (``FullyShardedDataParallel``) and other wrappers are refused with a message naming the
 supported ones: their reductions would silently average the weighted gradients again.
 """
@@ -45,9 +57,30 @@ class GradientCombiner:
     name = "none"
     on_compute_end: Callable[[], None] | None = None
     """Called (cheaply, never blocking) where backward's compute is known to end: DDP's last bucket."""
+    weight: float = 1.0
+    """This step's weight ``b_i / B``, as armed (and renormalised over the finite ranks)."""
+    excluded: bool = False
+    """This rank's contribution to the current step is excluded (its loss was not finite)."""
 
     def begin(self, weight: float) -> None:
         """Arm one step's backward with this rank's weight ``b_i / B``."""
+        self.weight, self.excluded = weight, False
+
+    def reweight(self, weight: float, excluded: bool) -> None:
+        """After ``begin``, before backward: the weight renormalised over the ranks whose loss was finite,
+        and whether this rank is excluded (the generic path of ``step.loss``)."""
+        self.weight, self.excluded = weight, excluded
+
+    def guard(self, ok: torch.Tensor, rank: int, world_size: int) -> bool:
+        """Exclude this rank inside backward if ``ok`` (a 0-d bool tensor: its loss is finite) is false.
+        True: this combiner does it (DDP's hook), and ``flags()`` gives the ``3 x world_size`` vector it
+        all-reduced during backward (``[excluded_j..., w_j ok_j..., w_j...]`` summed over ranks). False: the
+        caller must agree on the flags before backward (``step.loss`` does)."""
+        return False
+
+    def flags(self) -> torch.Tensor | None:
+        """The flag vector ``guard`` all-reduced during this step's backward (None: none was)."""
+        return None
 
     def loss_scale(self, weight: float) -> float:
         """Factor on the step's loss (1.0 unless the wrapper averages over ranks on its own)."""
@@ -63,6 +96,19 @@ class GradientCombiner:
         return 0.0
 
 
+def nonfinite_flags(ok: torch.Tensor, rank: int, world_size: int, weight: float,
+                    device: torch.device) -> torch.Tensor:
+    """This rank's part of the non-finite guard's ``3 x world_size`` float64 vector (zeros elsewhere;
+    all-reduced, every rank's): ``[excluded_j | w_j ok_j | w_j]``. ``ok``: a 0-d bool, this rank's
+    loss finite."""
+    flags = torch.zeros(3 * world_size, dtype=torch.float64, device=device)
+    ok64 = ok.to(device=device, dtype=torch.float64)
+    flags[rank] = 1.0 - ok64
+    flags[world_size + rank] = ok64 * weight
+    flags[2 * world_size + rank] = weight
+    return flags
+
+
 class DDPHook(GradientCombiner):
     """A ``DistributedDataParallel`` model: the weighting communication hook (see the module docstring)."""
 
@@ -71,6 +117,10 @@ class DDPHook(GradientCombiner):
     def __init__(self, model: nn.parallel.DistributedDataParallel) -> None:
         self.weight = 1.0 / max(1, model.process_group.size() if hasattr(model, "process_group") else 1)
         self.group = getattr(model, "process_group", None)
+        self._ok: torch.Tensor | None = None  # this step's "my loss is finite" (armed by step.loss)
+        self._rank, self._world = 0, 1
+        self._flags: torch.Tensor | None = None  # this step's flag vector, all-reduced with the first bucket
+        self._flags_future: Any = None
         self._last_ready: float | None = None
         self._launch = 0.0
         self._launch_before_end: float | None = None
@@ -92,12 +142,61 @@ class DDPHook(GradientCombiner):
             if state.on_compute_end is not None:
                 state.on_compute_end()
         tensor = bucket.buffer().mul_(state.weight)
-        future = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
+        if state._ok is None:  # no guard this step (step.loss not called, or check_nonfinite off)
+            future = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
+            state._launch += time.perf_counter() - t0
+            return future.then(lambda f: f.value()[0])
+        ok, n = state._ok, state._world
+        if ok.device.type == "cpu":  # a host bool costs nothing here: zero only when excluded
+            if not bool(ok):
+                tensor.zero_()
+        else:  # no host sync on a GPU: mask on the device
+            tensor.masked_fill_(~ok, 0.0)
+        numel = tensor.numel()
+        if state._flags_future is None and tensor.dtype in (torch.float32, torch.float64):
+            # the step's first bucket (the same on every rank) carries the flags: no extra collective
+            tensor = torch.cat([tensor, state._flag_vector(tensor.device).to(tensor.dtype)])
+            state._flags = tensor[numel:]  # reduced in place
+            future = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
+            state._flags_future = future
+        else:
+            if state._flags_future is None:  # a half-precision bucket: the flags go alone, in float64
+                state._flags = state._flag_vector(tensor.device)
+                state._flags_future = dist.all_reduce(state._flags, group=state.group, async_op=True).get_future()
+            future = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
+        flags, flags_future = state._flags, state._flags_future
         state._launch += time.perf_counter() - t0
-        return future.then(lambda f: f.value()[0])
+
+        def renormalise(f):
+            reduced = f.value()[0][:numel]
+            if flags_future is not f:
+                flags_future.wait()  # launched with an earlier bucket: done, or nearly
+            good, total = flags[n:2 * n].sum(), flags[2 * n:].sum()  # sum_j w_j ok_j, sum_j w_j
+            if good.device.type == "cpu":
+                g, t = float(good), float(total)
+                if g != t and g > 0:  # g == 0: every rank excluded, every bucket is zeros
+                    reduced.mul_(t / g)
+            else:
+                reduced.mul_(torch.where(good > 0, total / good, torch.ones_like(good)).to(reduced.dtype))
+            return reduced
+
+        return future.then(renormalise)
 
     def begin(self, weight: float) -> None:
         self.weight, self._last_ready, self._launch, self._launch_before_end = weight, None, 0.0, None
+        self.excluded, self._ok, self._flags, self._flags_future = False, None, None, None
+
+    def guard(self, ok: torch.Tensor, rank: int, world_size: int) -> bool:
+        self._ok, self._rank, self._world = ok, rank, world_size
+        return True
+
+    def flags(self) -> torch.Tensor | None:
+        """This step's flag vector once backward is done (None if no bucket ran: no backward)."""
+        return self._flags if self._flags_future is not None else None
+
+    def _flag_vector(self, device: torch.device) -> torch.Tensor:
+        assert self._ok is not None
+        return nonfinite_flags(self._ok, self._rank, self._world, self.weight, device)
 
     def compute_end(self) -> float | None:
         return self._last_ready
@@ -113,11 +212,41 @@ class LossScale(GradientCombiner):
 
     name = "fsdp"
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, model: nn.Module | None = None) -> None:
         self.world_size = world_size
+        self.can_exclude = False
+        """Whether an excluded rank's reduce-scatter input is zeroed (a custom reduce-scatter on every
+        ``fully_shard`` module); if not, a NaN spreads and the step's combined gradient is dropped."""
+        if model is not None:
+            self.can_exclude = _install_excluding_reduce_scatter(model, self)
 
     def loss_scale(self, weight: float) -> float:
         return weight * self.world_size
+
+
+def _install_excluding_reduce_scatter(model: nn.Module, owner: GradientCombiner) -> bool:
+    """Give every FSDP2 module of ``model`` a reduce-scatter that zeroes its input while ``owner`` is
+    excluded (FSDP2 has no per-bucket hook; this is its documented way to replace the collective)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+    except ImportError:  # an older torch without custom collectives
+        return False
+
+    class ExcludingReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            if owner.excluded:
+                input_tensor.zero_()  # NaN * 0 is NaN: zero, do not scale
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    comm = ExcludingReduceScatter()
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    try:
+        for m in modules:
+            m.set_custom_reduce_scatter(comm)
+    except (ValueError, AttributeError):  # several parameter groups per module: no custom collective
+        return False
+    return bool(modules)
 
 
 def is_fsdp2(model: nn.Module) -> bool:
@@ -151,7 +280,7 @@ def combiner_for(model: nn.Module, sync: Sync, world_size: int,
     if isinstance(model, nn.parallel.DistributedDataParallel):
         return model, DDPHook(model)
     if is_fsdp2(model):
-        return model, LossScale(world_size)
+        return model, LossScale(world_size, model)
     if dist.is_available() and dist.is_initialized():  # Ray Train's process group, any world size
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         return ddp, DDPHook(ddp)

@@ -19,6 +19,10 @@ from pdml_ray.errors import ConfigError
     (dict(emulated_speeds=[2.0]), "fastest worker is 1.0"),
     (dict(emulated_per_sample_s=0.0), "emulated_per_sample_s must be seconds per sample"),
     (dict(emulated_per_sample_s=float("inf")), "emulated_per_sample_s must be seconds per sample"),
+    (dict(max_consecutive_nonfinite=0), "max_consecutive_nonfinite must be an integer >= 1"),
+    (dict(max_consecutive_nonfinite=2.5), "max_consecutive_nonfinite must be an integer >= 1"),
+    (dict(max_consecutive_nonfinite=True), "max_consecutive_nonfinite must be an integer >= 1"),
+    (dict(check_nonfinite="yes"), "check_nonfinite must be true or false"),
 ])
 def test_node_priority_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -77,3 +81,12 @@ def test_the_config_says_what_it_emulates():
         "EMULATED speeds 1,0.4 (measured compute scaled by 1/speed)"
     text = NodePriorityConfig(emulated_speeds=[1.0, 0.4], emulated_per_sample_s=2.5e-4).emulation
     assert text == "EMULATED compute: sleep 0.25 ms/sample / speed, speeds 1,0.4"
+
+
+def test_the_nonfinite_guard_is_on_by_default_and_loads_from_yaml(tmp_path):
+    cfg = NodePriorityConfig(global_batch_size=8)
+    assert cfg.check_nonfinite is True and cfg.max_consecutive_nonfinite == 3
+    path = tmp_path / "pdml.yaml"
+    path.write_text("node_priority: {global_batch_size: 8, check_nonfinite: false, max_consecutive_nonfinite: 5}\n")
+    loaded = PDMLConfig.from_yaml(path).node_priority
+    assert loaded.check_nonfinite is False and loaded.max_consecutive_nonfinite == 5

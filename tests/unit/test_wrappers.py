@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pdml_ray.config import NodePriorityConfig, PDMLConfig
-from pdml_ray.errors import UsageError
+from pdml_ray.errors import NonFiniteError, UsageError
 from pdml_ray.train.context import PDMLContext, StepBatch
 from pdml_ray.train.wrappers import DDPHook, LossScale, unwrap
 
@@ -30,13 +30,13 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
-def _ctx():
-    return PDMLContext(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=12)), 0, 1,
+def _ctx(**node):
+    return PDMLContext(PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=12, **node)), 0, 1,
                        torch.device("cpu"), "CPU", None)
 
 
-def _batch(n=12, weight=1.0):
-    return StepBatch(step=0, epoch=0, indices=np.arange(n), grad_weight=weight, decision_version=0)
+def _batch(n=12, weight=1.0, step=0):
+    return StepBatch(step=step, epoch=0, indices=np.arange(n), grad_weight=weight, decision_version=0)
 
 
 def _reference_grads(x, y):
@@ -105,3 +105,78 @@ def test_optimizer_step_inside_the_step_block_is_harmless_under_ddp(gloo):
         opt.step()
     for g, ref in zip(combined, _reference_grads(x, y)):
         torch.testing.assert_close(g, 0.5 * ref)
+
+
+# -- non-finite losses and gradients (one rank: excluding it leaves nothing, so the step is dropped; the
+# -- renormalisation over the good ranks is checked on two and four Ray Train workers in
+# -- tests/ray/test_nonfinite_ray.py)
+
+def _nan_step(ctx, model, step, poison="loss", opt=None):
+    x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
+    with ctx.step(_batch(step=step)) as scope:
+        per_sample = F.cross_entropy(model(x), y, reduction="none")
+        if poison == "loss":
+            per_sample = per_sample * float("nan")
+        scope.loss(per_sample).backward()
+    if opt is not None:
+        opt.step()
+        opt.zero_grad()
+    return scope
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_a_nan_loss_excludes_the_rank_and_a_step_with_nothing_left_is_dropped(gloo, wrap):
+    from torch.distributed.fsdp import fully_shard
+
+    ctx = _ctx()
+    model = ctx.prepare_model(torch.nn.parallel.DistributedDataParallel(_model()) if wrap == "ddp"
+                              else fully_shard(_model()))
+    if wrap == "fsdp":
+        assert ctx._combiner.can_exclude  # the excluding reduce-scatter is installed
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _nan_step(ctx, model, 0, poison=None, opt=opt)  # one good step: momentum buffers exist
+    before = [p.detach().clone() for p in model.parameters()]
+    momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    scope = _nan_step(ctx, model, 1, opt=opt)
+    assert scope.excluded == (0,) and scope.dropped
+    for p, b, m in zip(model.parameters(), before, momentum):  # SGD saw no gradient: nothing moved
+        assert torch.equal(p.detach(), b) and torch.equal(opt.state[p]["momentum_buffer"], m)
+    assert ctx.nonfinite.excluded == [1] and ctx.nonfinite.dropped_steps == 1 and ctx.nonfinite.consecutive == [1]
+    assert ctx._reports[-1].sample_losses is None and np.isnan(ctx._reports[-1].loss)  # no NaN sample losses
+    scope = _nan_step(ctx, model, 2, poison=None, opt=opt)  # a good step resets the run of failures
+    assert scope.excluded == () and not scope.dropped and ctx.nonfinite.consecutive == [0]
+    assert all(bool(torch.isfinite(p.detach() if not hasattr(p, "full_tensor") else p.full_tensor()).all())
+               for p in model.parameters())
+
+
+def test_repeated_nan_losses_end_the_run_naming_the_worker_and_the_step(gloo):
+    ctx = _ctx(max_consecutive_nonfinite=3)
+    model = ctx.prepare_model(_model())
+    _nan_step(ctx, model, 0)
+    _nan_step(ctx, model, 1)
+    _nan_step(ctx, model, 2, poison=None)  # recovered: the count starts again
+    _nan_step(ctx, model, 3)
+    _nan_step(ctx, model, 4)
+    with pytest.raises(NonFiniteError, match=r"worker rank 0 \(CPU\) had a NaN or infinite loss in 3 consecutive "
+                                             r"steps, the last at step 5"):
+        _nan_step(ctx, model, 5)
+    assert ctx.nonfinite.excluded == [5]
+
+
+def test_a_gradient_that_overflows_in_backward_drops_the_step_and_repeats_end_the_run(gloo):
+    ctx = _ctx(max_consecutive_nonfinite=2)
+    model = ctx.prepare_model(_model())
+    handle = model.module[0].weight.register_hook(lambda g: g * float("inf"))  # finite loss, inf gradient
+    scope = _nan_step(ctx, model, 0, poison=None)
+    assert scope.excluded == () and scope.dropped and all(p.grad is None for p in model.parameters())
+    with pytest.raises(NonFiniteError, match="combined gradient was NaN or infinite in 2 consecutive steps"):
+        _nan_step(ctx, model, 1, poison=None)
+    handle.remove()
+
+
+def test_the_guard_can_be_turned_off(gloo):
+    ctx = _ctx(check_nonfinite=False)
+    model = ctx.prepare_model(_model())
+    scope = _nan_step(ctx, model, 0)
+    assert scope.excluded == () and not scope.dropped and ctx.nonfinite.total_excluded == 0
+    assert not bool(torch.isfinite(model.module[0].weight.grad).all())  # the NaN went through, as before
