@@ -3,14 +3,17 @@
 Simulated workers (``--workers``, default 256) report to a real scheduler actor through the real
 worker-side client (``SchedulerClient`` over ``RayTransport``: fire-and-forget calls, at most
 ``MAX_REPORT_CALLS_IN_FLIGHT`` pending per worker, later reports coalesced into the next call), from a
-few load-generator actors. Three phases, one run:
+few load-generator actors. A warm-up of paced load (20 s, quick 5 s: the actor's buffers reach their
+working size; its memory before it is reported as ``rss_mb_cold``), then three phases, one run:
 
 1. **paced** (``--hz``, default 10 steps/s per worker, reports flushed every ``decision_interval``
    steps as the training client flushes them): a prober plays rank 0 and asks for a decision bundle
    every 100 ms, timing each round trip while reports flow; the actor's resident memory is read at
-   the start and the end of the phase (``--duration`` seconds, default 60, quick 15).
+   the start, every ~10 s and at the end of the phase (``--duration`` seconds, default 60, quick 15):
+   the series shows whether memory grows or levels off.
 2. **saturated**: every simulated worker reports as fast as its client lets it; the sustained rate is
-   the scheduler's own count of accepted reports over the phase.
+   the scheduler's own count of accepted reports over the phase. Then the same again with the clients
+   sending the older wire format (lists of ``WorkerReport`` instead of ``PackedReports``), side by side.
 3. **plain class**: the same reports straight into an in-process ``Scheduler`` (no Ray), for reference.
 
 The workers are simulated (their reports are generated, not measured), the actor, Ray's calls and the
@@ -67,6 +70,11 @@ class LoadGenerator:
         self.rng = np.random.default_rng(seed)
         self.step = 0
 
+    def set_packing(self, pack: bool) -> None:
+        """Send ``PackedReports`` (the default) or lists of ``WorkerReport`` (the older wire format)."""
+        for client in self.clients.values():
+            client.pack_reports = pack
+
     def run(self, seconds: float, hz: float) -> dict[str, int]:
         end = time.monotonic() + seconds
         t_next = time.monotonic()
@@ -108,7 +116,11 @@ def _probe(handle: Any, seconds: float, workers: int, interval: int) -> list[flo
 
 
 def _plain_class(workers: int, interval: int, seconds: float, seed: int) -> dict[str, float]:
-    """The in-process ``Scheduler``: reports/s of ``report`` and the time of ``bundle``."""
+    """The in-process ``Scheduler``: reports/s of ``report`` (given ``PackedReports``, as the actor gets
+    them, with their unpickling) and the time of ``bundle``."""
+    import pickle
+
+    from pdml_ray.client import PackedReports
     from pdml_ray.decisions import Boundary
     from pdml_ray.scheduler import Scheduler
 
@@ -118,9 +130,10 @@ def _plain_class(workers: int, interval: int, seconds: float, seed: int) -> dict
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         batch = [r for s in range(step, step + interval) for r in _reports(range(workers), s, rng).values()]
+        calls = [pickle.dumps(PackedReports.pack(batch[w::workers])) for w in range(workers)]
         t0 = time.perf_counter()
-        for w in range(workers):  # one call per worker, as the actor gets them
-            scheduler.report(batch[w::workers])
+        for call in calls:  # one call per worker, as the actor gets them
+            scheduler.report(pickle.loads(call))
         busy += time.perf_counter() - t0
         ingested += len(batch)
         step += interval
@@ -129,6 +142,12 @@ def _plain_class(workers: int, interval: int, seconds: float, seed: int) -> dict
         bundle_s.append(time.perf_counter() - t0)
     return {"reports_per_s": ingested / busy, "bundle_p50_s": float(np.percentile(bundle_s, 50)),
             "bundle_p99_s": float(np.percentile(bundle_s, 99))}
+
+
+def _export_interval() -> float:
+    from pdml_ray.actors.scheduler import EXPORT_INTERVAL_S
+
+    return EXPORT_INTERVAL_S
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,6 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--workers and --generators must be >= 1, --hz and --duration > 0")
     duration = args.duration or (15.0 if args.quick else 60.0)
     saturate_s = 8.0 if args.quick else 20.0
+    warmup_s = 5.0 if args.quick else 20.0
     interval = _config(args.workers, "x").node_priority.decision_interval
     print(f"bench scheduler: {args.workers} workers at {args.hz:g} steps/s, reports flushed every {interval} steps; "
           f"{SIMULATED_NOTE}", flush=True)
@@ -166,21 +186,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cpu.append(stats.process_cpu_s)
             return time.monotonic(), stats.reports_received
 
+        rss_cold = ray.get(handle.memory_rss_mb.remote())
+        print(f"warm-up: paced load for {warmup_s:g} s (the actor's one-time allocations) ...", flush=True)
+        ray.get([f.run.remote(warmup_s, args.hz) for f in fleets])
         print(f"phase 1/3: paced load for {duration:g} s, probing decision latency ...", flush=True)
-        rss_start = ray.get(handle.memory_rss_mb.remote())
+        rss_series = [ray.get(handle.memory_rss_mb.remote())]
         t0, n0 = received()
         runs = [f.run.remote(duration, args.hz) for f in fleets]
-        latencies = _probe(handle, duration, args.workers, interval)
+        latencies: list[float] = []
+        while time.monotonic() - t0 < duration - 0.05:  # probe in slices, reading the actor's memory between
+            latencies += _probe(handle, min(10.0, duration - (time.monotonic() - t0)), args.workers, interval)
+            rss_series.append(ray.get(handle.memory_rss_mb.remote()))
         paced = ray.get(runs)
         t1, n1 = received()
-        rss_end = ray.get(handle.memory_rss_mb.remote())
-        print(f"phase 2/3: saturated for {saturate_s:g} s ...", flush=True)
+        rss_start, rss_end = rss_series[0], rss_series[-1]
+        print(f"phase 2/3: saturated for {saturate_s:g} s, then as long with the older wire format ...", flush=True)
         runs = [f.run.remote(saturate_s, 0.0) for f in fleets]
         saturated_latencies = _probe(handle, saturate_s, args.workers, interval)
         saturated = ray.get(runs)
         t3, n3 = received()
         time.sleep(1.0)  # what was in flight when the generators stopped
         t4, n4 = received()
+        ray.get([f.set_packing.remote(False) for f in fleets])
+        runs = [f.run.remote(saturate_s, 0.0) for f in fleets]
+        _probe(handle, saturate_s, args.workers, interval)
+        saturated += ray.get(runs)
+        time.sleep(1.0)
+        t5, n5 = received()
+        snapshots = ray.get(handle.snapshot_info.remote())
+        ray.get(handle.close.remote())
     finally:
         if started_here:
             ray.shutdown()
@@ -193,13 +227,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "offered_reports_per_s": offered,
         "paced_reports_per_s": (n1 - n0) / (t1 - t0),
         "reports_per_s": (n4 - n1) / (t4 - t1),
+        "reports_per_s_unpacked": (n5 - n4) / (t5 - t4),
         "decision_latency_p50_s": float(np.percentile(latencies, 50)),
         "decision_latency_p99_s": float(np.percentile(latencies, 99)),
         "saturated_decision_latency_p99_s": float(np.percentile(saturated_latencies, 99)),
         "decision_probes": len(latencies),
         "actor_cpu_fraction_paced": (cpu[1] - cpu[0]) / (t1 - t0),
         "actor_cpu_fraction_saturated": (cpu[3] - cpu[1]) / (t4 - t1),
-        "rss_mb_start": rss_start, "rss_mb_end": rss_end,
+        "rss_mb_start": rss_start, "rss_mb_end": rss_end, "rss_mb_series": rss_series,
+        "rss_mb_cold": rss_cold, "warmup_s": warmup_s,
+        "metrics_export_interval_s": _export_interval(), "snapshots": snapshots,
         "reports_dropped": sum(p["dropped"] for p in paced + saturated),
         "reports_coalesced": sum(p["coalesced"] for p in paced + saturated),
         "plain_class": plain,
@@ -212,18 +249,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decision_latency_p99_s < 0.02 while reports flow": {
             "value": result["decision_latency_p99_s"], "target": TARGETS["decision_latency_p99_s"],
             "met": result["decision_latency_p99_s"] < TARGETS["decision_latency_p99_s"]},
-        "memory flat (rss growth < 5% over the paced phase)": {
+        "memory flat (rss growth < 5% over the paced phase, after the warm-up)": {
             "value": growth, "target": TARGETS["rss_growth_fraction"], "met": growth < TARGETS["rss_growth_fraction"]},
     }
     rows = [["offered load (reports/s, paced)", offered],
             ["accepted (reports/s, paced)", result["paced_reports_per_s"]],
             ["sustained (reports/s, saturated)", result["reports_per_s"]],
+            ["sustained, older wire format (lists of WorkerReport)", result["reports_per_s_unpacked"]],
             ["decision latency p50 / p99 (ms), paced",
              f"{result['decision_latency_p50_s'] * 1e3:.2f} / {result['decision_latency_p99_s'] * 1e3:.2f}"],
             ["decision latency p99 (ms), saturated", result["saturated_decision_latency_p99_s"] * 1e3],
             ["actor CPU (cores busy), paced / saturated",
              f"{result['actor_cpu_fraction_paced']:.2f} / {result['actor_cpu_fraction_saturated']:.2f}"],
-            ["actor memory start / end (MB)", f"{rss_start:.1f} / {rss_end:.1f}"],
+            ["actor memory cold / start / end (MB)", f"{rss_cold:.1f} / {rss_start:.1f} / {rss_end:.1f}"],
+            ["actor memory every ~10 s (MB)", " ".join(f"{x:.0f}" for x in rss_series)],
+            ["snapshots saved / seconds spent", f"{snapshots['saved']} / {snapshots['seconds']:.3f}"],
             ["reports coalesced / dropped by clients", f"{result['reports_coalesced']} / {result['reports_dropped']}"],
             ["plain class: reports/s", plain["reports_per_s"]],
             ["plain class: bundle p50 / p99 (ms)", f"{plain['bundle_p50_s'] * 1e3:.2f} / {plain['bundle_p99_s'] * 1e3:.2f}"]]

@@ -283,14 +283,16 @@ class NodeStats:
         for i, (share, size, weight, rate, fixed, accel) in enumerate(zip(
                 self.shares, self.batch_sizes, self.grad_weights, self.rates, self.fixed_costs, self.accelerator_types)):
             tags = (("worker", str(i)), ("accelerator_type", accel))
-            out += [GaugeValue("pdml_node_priority", "node priority: the worker's share of the global batch", share, tags),
-                    GaugeValue("pdml_batch_size", "the worker's batch size (samples per step)", size, tags),
-                    GaugeValue("pdml_grad_weight", "the worker's gradient weight in the all-reduce", weight, tags)]
+            out += [GaugeValue("pdml_node_priority_ratio", "node priority: the worker's share of the global batch "
+                               "(0-1)", share, tags),
+                    GaugeValue("pdml_batch_size_samples", "the worker's batch size (samples per step)", size, tags),
+                    GaugeValue("pdml_grad_weight_ratio", "the worker's gradient weight b_i/B in the all-reduce (0-1)",
+                               weight, tags)]
             if self.rate_source == "measured":
-                out += [GaugeValue("pdml_worker_throughput",
-                                   "per-sample compute rate r of the worker's step time c + b / r (samples/s)", rate, tags),
-                        GaugeValue("pdml_worker_fixed_cost_s",
-                                   "fixed compute cost c per step of the worker's step time c + b / r (seconds)", fixed, tags)]
+                out += [GaugeValue("pdml_worker_rate_samples_per_second",
+                                   "per-sample compute rate r of the worker's step time c + b / r", rate, tags),
+                        GaugeValue("pdml_worker_fixed_cost_seconds",
+                                   "fixed compute cost c per step of the worker's step time c + b / r", fixed, tags)]
         return out
 
 

@@ -127,10 +127,20 @@ class SampleStats:
                 f"of {self.continuity_checks} checks)"]
 
     def gauges(self) -> list[GaugeValue]:
-        out = [GaugeValue("pdml_continuity_recalibrations", "continuity recalibrations so far", self.recalibrations)]
+        out = [GaugeValue("pdml_sample_recalibrations_total", "continuity recalibrations of the sample priorities",
+                          self.recalibrations),
+               GaugeValue("pdml_sample_continuity_checks_total", "continuity checks of the sample priorities",
+                          self.continuity_checks),
+               GaugeValue("pdml_sample_continuity_seconds_total", "seconds spent on continuity checks and their "
+                          "running sums", self.continuity_seconds),
+               GaugeValue("pdml_sample_uniform_fallbacks_total", "sample plans that fell back to uniform draws",
+                          self.uniform_fallbacks),
+               GaugeValue("pdml_sample_seen_ratio", "fraction of the data set scored at least once (0-1)",
+                          self.seen_fraction),
+               GaugeValue("pdml_sample_epochs", "epochs drawn so far (samples drawn / data set size)", self.epoch)]
         if not math.isnan(self.normalized_ess):
-            out.append(GaugeValue("pdml_sample_normalized_ess", "normalised effective sample size of sample priorities",
-                                  self.normalized_ess))
+            out.append(GaugeValue("pdml_sample_normalized_ess_ratio", "normalised effective sample size of the "
+                                  "sample priorities (0-1)", self.normalized_ess))
         return out
 
 

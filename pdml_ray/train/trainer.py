@@ -159,6 +159,10 @@ class PDMLTrainer:
             if self.keep_scheduler:
                 self.scheduler = scheduler  # holding the handle keeps the (non-detached) actor alive
             else:
+                try:  # the run is over: delete its restart snapshot from Ray's GCS before the kill
+                    ray.get(scheduler.close.remote(), timeout=10)
+                except RayError as e:
+                    log.warning("scheduler snapshot not deleted (the next run with this name deletes it): %s", e)
                 ray.kill(scheduler)  # a later fit() with the same name starts from a fresh scheduler
         warnings_: list[str] = []
         if stats is not None and stats.reports_received == 0:

@@ -1,6 +1,7 @@
 """The scheduler actor under load: decisions are served on their own thread, so a bundle never waits
 behind a queue of report calls (only behind the one chunk of reports being ingested)."""
 
+import re
 import time
 
 import ray
@@ -35,5 +36,29 @@ def test_the_actor_says_its_run_and_decision_version_to_the_dashboard(ray_local)
     config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64), scheduler_name="repr-test")
     handle = create_scheduler(config, 2)
     text = ray.get(handle.__ray_call__.remote(lambda self: repr(self)))
-    assert text == "PDMLScheduler(run=repr-test, workers=2, node v0, last_step=-1, reports=0)", text
+    # the run is its metrics tag: the name plus 8 hex digits of the actor id
+    assert re.fullmatch(r"PDMLScheduler\(run=repr-test-[0-9a-f]{8}, workers=2, node v0, last_step=-1, reports=0\)",
+                        text), text
+    ray.kill(handle)
+
+
+def test_packed_reports_through_the_actor_refuse_bad_rows_whole_and_apply_the_rest(ray_local):
+    """The client's wire format through the real actor, over several lock chunks: each refused report
+    is counted once and moves nothing; every other report is applied."""
+    from pdml_ray.actors.scheduler import REPORT_CHUNK
+    from pdml_ray.client import PackedReports
+
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=256), scheduler_name="packed-test")
+    handle = create_scheduler(config, 4)
+    good = [WorkerReport(worker_id=k % 4, step=k // 4, samples=64, compute_s=0.1) for k in range(3 * REPORT_CHUNK)]
+    rows = PackedReports.pack(good).rows
+    rows[5] = rows[5][:3] + (-0.1,) + rows[5][4:]  # compute_s < 0
+    rows[REPORT_CHUNK] = ("garbage",)  # the first row of the second chunk
+    ray.get(handle.report.remote(PackedReports(rows)))
+    stats = ray.get(handle.stats.remote())
+    assert (stats.reports_received, stats.reports_rejected) == (3 * REPORT_CHUNK - 2, 2)
+    assert stats.rejected_by_kind == {"compute_s": 1, "type": 1}
+    telemetry = ray.get(handle.telemetry.remote())
+    assert len(telemetry["step"]) == 3 * REPORT_CHUNK - 2 and (telemetry["compute_s"] > 0).all()
+    ray.get(handle.close.remote())
     ray.kill(handle)

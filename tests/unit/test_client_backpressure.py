@@ -72,3 +72,64 @@ def test_a_flush_waits_for_the_calls_in_flight_and_sends_everything_held():
     client.report([], flush=True)
     sent = sum(len(c[1][0]) for c in transport.calls if c[0] == "report")
     assert sent == 40 and not client._held and client.reports_dropped == 0
+
+
+class FailingTransport(SlowTransport):
+    """Calls finish at once; ``fail`` of them fail as a dying actor's do (restarting) or as an error inside."""
+
+    def __init__(self, fail=0, restarting=True):
+        super().__init__()
+        self.fail, self.restarting = fail, restarting
+
+    def ready(self, pending, timeout_s):
+        return True
+
+    def result(self, pending, timeout_s=None):
+        from pdml_ray.errors import SchedulerUnavailableError
+
+        if self.fail > 0:
+            self.fail -= 1
+            error = SchedulerUnavailableError("scheduler 'x': ActorDiedError")
+            error.restarting = self.restarting
+            raise error
+        return "ok"
+
+
+def test_reports_in_a_call_that_failed_are_counted_as_dropped_and_training_goes_on():
+    transport = FailingTransport(fail=1)
+    client = SchedulerClient(transport)
+    client.report(_reports(0))  # this call fails (the scheduler died with it in flight)
+    client.report(_reports(1))  # finding the first one failed: counted; this one goes out
+    client.report(_reports(2))
+    assert client.report_calls_failed == 1 and client.reports_dropped == 5
+    assert len([c for c in transport.calls if c[0] == "report"]) == 3
+
+
+def test_a_blocking_call_is_sent_again_while_the_scheduler_restarts_but_not_after_an_error_inside_it():
+    import pytest
+
+    from pdml_ray.errors import SchedulerUnavailableError
+
+    transport = FailingTransport(fail=2, restarting=True)
+    client = SchedulerClient(transport)
+    assert client.call("state_dict") == "ok" and len(transport.calls) == 3
+    transport = FailingTransport(fail=1, restarting=False)
+    client = SchedulerClient(transport)
+    with pytest.raises(SchedulerUnavailableError):
+        client.call("state_dict")
+    assert len(transport.calls) == 1
+
+
+def test_reports_travel_packed_and_read_back_whole():
+    from pdml_ray.client import PackedReports
+
+    transport = SlowTransport()
+    client = SchedulerClient(transport)
+    sent = _reports(0)
+    client.report(sent)
+    packed = transport.calls[-1][1][0]
+    assert isinstance(packed, PackedReports) and list(packed.reports()) == sent
+    client.pack_reports = False  # the older wire format still works
+    transport.finish(1)
+    client.report(_reports(1))
+    assert transport.calls[-1][1][0] == _reports(1)

@@ -243,15 +243,15 @@ def test_stats_carry_fixed_costs_next_to_rates():
     deriver = _deriver(2, global_batch_size=64)
     prior = deriver.stats()
     assert prior.rate_source == "prior" and prior.fixed_costs == (0.0, 0.0)
-    assert "pdml_worker_fixed_cost_s" not in {g.name for g in prior.gauges()}
+    assert "pdml_worker_fixed_cost_seconds" not in {g.name for g in prior.gauges()}
     drive(deriver, [0.02, 0.02], [4000.0, 1600.0], 12)  # two batch sizes seen: the line is identified
     stats = deriver.stats()
     assert stats.rate_source == "measured"
     assert stats.fixed_costs == pytest.approx((0.02, 0.02), rel=0.1)
     assert stats.rates == pytest.approx((4000.0, 1600.0), rel=0.1)
     gauges = {(g.name, g.tags[0][1]): g.value for g in stats.gauges()}
-    assert gauges[("pdml_worker_fixed_cost_s", "1")] == stats.fixed_costs[1]
-    assert gauges[("pdml_worker_throughput", "0")] == stats.rates[0]
+    assert gauges[("pdml_worker_fixed_cost_seconds", "1")] == stats.fixed_costs[1]
+    assert gauges[("pdml_worker_rate_samples_per_second", "0")] == stats.rates[0]
     text = "\n".join(stats.summary_lines())
     assert "fixed c (s)" in text and "c + b / r" in text
 

@@ -137,7 +137,7 @@ def test_state_round_trip_typed_stats_and_telemetry_columns():
     stats = s.stats()
     assert stats.measurements == {"comm_s": 0.01} and isinstance(stats.derivers["node"], NodeStats)
     names = {g.name for g in stats.gauges()}
-    assert {"pdml_batch_size", "pdml_decision_version", "pdml_reports_rejected"} <= names
+    assert {"pdml_batch_size_samples", "pdml_decision_version", "pdml_reports_received_total"} <= names
     text = "\n".join(stats.summary_lines())
     assert "node v3" in text  # re-issued twice: every bundle said the workers still ran v0 and "75" in text and "sample priorities" in text
 
@@ -177,3 +177,63 @@ def test_the_report_log_keeps_the_newest_rows_in_a_fixed_buffer():
     log2 = ReportLog(4)
     log2.append((7,) * 8)
     assert log2.rows()[:, 1].tolist() == [7.0]
+
+
+def test_packed_reports_are_ingested_as_the_reports_themselves_and_checked_the_same():
+    import pickle
+
+    from pdml_ray.client import PackedReports
+
+    reports = [*_reports(0, [300.0, 100.0]), *_reports(1, [300.0, 100.0]),
+               WorkerReport(worker_id=0, step=2, samples=0, compute_s=0.0),  # idle: logged, not measured
+               WorkerReport(worker_id=1, step=2, samples=50, compute_s=float("nan")),  # refused
+               WorkerReport(worker_id=np.int64(1), step=np.int64(3), samples=np.int32(50), compute_s=np.float32(0.5))]
+    plain, packed = Scheduler(_config(), 2), Scheduler(_config(), 2)
+    plain.report(reports)
+    packed.report(pickle.loads(pickle.dumps(PackedReports.pack(reports))))  # as it travels
+    for s in (plain, packed):
+        assert (s.reports_received, s.reports_rejected, s.last_step) == (6, 1, 3)
+        assert s.rejected_by_kind == {"compute_s": 1}
+    assert np.array_equal(plain.telemetry()["compute_s"], packed.telemetry()["compute_s"])
+    assert plain.state_dict()["derivers"] == packed.state_dict()["derivers"]
+
+
+def test_a_packed_row_that_is_not_a_report_is_refused_and_the_rest_applied():
+    from pdml_ray.client import PackedReports
+
+    s = Scheduler(_config(), 2)
+    good = PackedReports.pack(_reports(0, [100.0, 100.0])).rows
+    s.report(PackedReports([good[0], ("not", "a", "report"), None, good[1]]))
+    assert s.reports_received == 2 and s.reports_rejected == 2 and s.rejected_by_kind == {"type": 2}
+    assert "tuple of the 12 WorkerReport fields" in s.rejections[-1]
+
+
+@pytest.mark.parametrize("bad", [
+    dict(worker_id=True), dict(step=-1), dict(samples=2.0), dict(compute_s=1e7), dict(compute_s=1e-7),
+    dict(samples=10 ** 10, compute_s=1.0), dict(wait_s=-0.1), dict(overhead_s=float("nan")), dict(step_s=-1.0),
+    dict(step_s=float("inf")), dict(loss=float("inf")), dict(loss=float("-inf")), dict(grad_norm=-1.0),
+    dict(accelerator_type=3), dict(sample_indices=np.arange(3)),
+])
+def test_the_fast_validation_path_refuses_what_the_full_checks_refuse(bad):
+    fields = dict(worker_id=0, step=5, samples=50, compute_s=0.5)
+    fields.update(bad)
+    assert WorkerReport(**fields).rejection(2, None) is not None
+    fine = WorkerReport(worker_id=1, step=5, samples=50, compute_s=0.5, loss=-3.0, grad_norm=float("nan"))
+    assert fine.rejection(2, None) is None
+
+
+def test_the_report_log_extends_in_blocks_and_wraps_as_row_by_row():
+    from pdml_ray.scheduler import ReportLog
+
+    one, block = ReportLog(5), ReportLog(5)
+    rows = [(k,) * 8 for k in range(13)]
+    for r in rows:
+        one.append(r)
+    block.extend(rows[:3])
+    block.extend(rows[3:4])
+    block.extend(rows[4:13])
+    assert np.array_equal(one.rows(), block.rows()) and len(block) == 5
+    small = ReportLog(4)
+    small.extend(rows[:2])
+    small.extend(rows[2:5])  # wraps around the end of the buffer
+    assert small.rows()[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
