@@ -25,6 +25,7 @@ demo: venv
 
 test: venv
 	$(PY) -m mypy
+	-sh scripts/install_test_tools.sh
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 unit: venv

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "watch": "pdml_ray.cli.watch",
     "simulate": "pdml_ray.cli.simulate",
     "validate-config": "pdml_ray.cli.validate_config",
+    "install-dashboard": "pdml_ray.cli.install_dashboard",
 }
 BENCH_HELP = "run a benchmark: baseline and method side by side, as ratios"
 

@@ -110,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
     note = emulation_note(args)
     print(f"pdml-ray demo: {len(speeds)} workers, speeds {speeds}, compute {args.compute}\n  {note}")
     if dashboard:
-        print(f"  watch the priorities: Ray dashboard http://{dashboard} (Metrics: pdml_node_priority, "
-              f"pdml_batch_size, pdml_grad_weight), or run `pdml-ray watch --name pdml-demo-pdml` in another shell")
+        print(f"  watch the priorities: Ray dashboard http://{dashboard} (Metrics: pdml_node_priority_ratio, "
+              f"pdml_batch_size_samples, pdml_grad_weight_ratio), or run `pdml-ray watch --name pdml-demo-pdml` in another shell")
     args.quick, args.json = False, None
     summaries = {}
     try:

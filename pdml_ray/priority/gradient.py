@@ -219,14 +219,14 @@ class GradientStats:
         return lines
 
     def gauges(self) -> list[GaugeValue]:
-        out = [GaugeValue("pdml_gradient_priority", "gradient priority of the worker's gradients",
-                          p, (("worker", str(i)),)) for i, p in enumerate(self.priorities)]
-        out += [GaugeValue("pdml_gradient_weight", "weight of a term in the gradient priority (alpha, beta, gamma)",
-                           w, (("term", t),)) for t, w in zip(TERMS, self.weights)]
-        out += [GaugeValue("pdml_gradient_k_fraction", "fraction K of arrived gradients a top-K policy applies",
+        out = [GaugeValue("pdml_gradient_priority", "gradient priority of the worker's gradients (a score; "
+                          "higher is applied first)", p, (("worker", str(i)),)) for i, p in enumerate(self.priorities)]
+        out += [GaugeValue("pdml_gradient_term_weight", "weight of a term in the gradient priority (alpha: grad, "
+                           "beta: data, gamma: node)", w, (("term", t),)) for t, w in zip(TERMS, self.weights)]
+        out += [GaugeValue("pdml_gradient_k_ratio", "fraction K of arrived gradients a top-K policy applies (0-1)",
                            self.k_fraction),
-                GaugeValue("pdml_gradient_collapse_resets", "gradient priority weights reset to the prior after a "
-                           "collapse", self.collapse_resets)]
+                GaugeValue("pdml_gradient_collapse_resets_total", "gradient priority weights reset to the prior after "
+                           "a collapse", self.collapse_resets)]
         if math.isfinite(self.high_low_grad_norm_ratio):
             out.append(GaugeValue("pdml_gradient_high_low_norm_ratio", "mean gradient norm of high- over "
                                   "low-priority workers", self.high_low_grad_norm_ratio))

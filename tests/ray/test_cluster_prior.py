@@ -70,7 +70,7 @@ def _scrape_all_nodes() -> list[str]:
                 text = urllib.request.urlopen(f"http://{node['NodeManagerAddress']}:{port}/metrics", timeout=5).read()
             except OSError:
                 continue
-            lines += [l for l in text.decode().splitlines() if l.startswith("ray_pdml_") and 'run="prior-test"' in l]
+            lines += [l for l in text.decode().splitlines() if l.startswith("ray_pdml_") and 'run="prior-test-' in l]
     return lines
 
 
@@ -83,11 +83,11 @@ def test_priorities_are_exported_as_metrics(run):
     found = {}
     while time.monotonic() < deadline and len(found) < 2:
         for line in _scrape_all_nodes():
-            if line.startswith("ray_pdml_batch_size{"):
+            if line.startswith("ray_pdml_batch_size_samples{"):
                 for tag, (accel, size) in wanted.items():
                     if tag in line and f'accelerator_type="{accel}"' in line:
                         found[tag] = float(line.rsplit(" ", 1)[1])
         time.sleep(1)
     assert found == {tag: float(size) for tag, (_, size) in wanted.items()}
     names = {l.split("{", 1)[0] for l in _scrape_all_nodes()}
-    assert {"ray_pdml_node_priority", "ray_pdml_grad_weight", "ray_pdml_decision_version"} <= names
+    assert {"ray_pdml_node_priority_ratio", "ray_pdml_grad_weight_ratio", "ray_pdml_decision_version"} <= names

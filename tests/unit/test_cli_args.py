@@ -305,6 +305,15 @@ def test_validate_config_missing_file_is_bad_usage(path, capsys):
     assert_refused(["validate-config", path], capsys, "validate-config (path)")
 
 
+def test_install_dashboard_refuses_a_missing_session_and_installs_into_a_real_one(tmp_path, capsys, monkeypatch):
+    for var in ("RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR", "RAY_METRICS_OUTPUT_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    assert_refused(["install-dashboard", "--session-dir", str(tmp_path / "missing")], capsys, "install-dashboard")
+    assert main(["install-dashboard", "--session-dir", str(tmp_path)]) == 0
+    installed = tmp_path / "metrics" / "grafana" / "dashboards" / "pdml_grafana_dashboard.json"
+    assert str(installed) in capsys.readouterr().out and installed.read_bytes().startswith(b"{")
+
+
 def _bench_numeric_and_choice_options(name: str) -> list[argparse.Action]:
     parser = build_parser(["bench", name])
     bench = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]

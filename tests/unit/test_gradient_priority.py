@@ -333,8 +333,8 @@ def test_the_deriver_publishes_priorities_at_boundaries_through_the_scheduler():
     lines = "\n".join(run.s.stats().summary_lines())
     assert "gradient priorities: weights" in lines and "high/low grad-norm ratio" in lines
     gauges = {(g.name, g.tags) for g in stats.gauges()}
-    assert ("pdml_gradient_k_fraction", ()) in gauges and ("pdml_gradient_priority", (("worker", "3"),)) in gauges
-    assert ("pdml_gradient_weight", (("term", "node"),)) in gauges
+    assert ("pdml_gradient_k_ratio", ()) in gauges and ("pdml_gradient_priority", (("worker", "3"),)) in gauges
+    assert ("pdml_gradient_term_weight", (("term", "node"),)) in gauges
     assert sum(stats.arm_pulls) == 5  # one reward per interval after the first
 
 
