@@ -129,7 +129,9 @@ def main() -> None:
     ).fit()
     if config.node_priority.emulation:
         print(config.node_priority.emulation)
-    print(f"metrics {result.metrics}; {result.pdml}")
+    mine = {k: v for k, v in result.metrics.items() if not k.startswith("pdml/")}
+    print(f"pdml figures in Result.metrics: {sorted(k for k in result.metrics if k.startswith('pdml/'))}")
+    print(f"metrics {mine}; {result.pdml}")
 
 
 if __name__ == "__main__":

@@ -17,3 +17,4 @@ def test_the_gpt_example_trains_through_a_dataloader(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("metrics {'epoch': 0") and "PDMLRunInfo(decisions=" in last and "reports=24" in last
+    assert "'pdml/batch_size_samples'" in out.stdout  # pdml-ray's figures reach Ray Train's Result.metrics
