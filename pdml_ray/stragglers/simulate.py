@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from pdml_ray.errors import ConfigError
-from pdml_ray.stragglers.policy import Arrival, StragglerPolicy, combine_messages
+from pdml_ray.stragglers.policy import Arrival, Combination, StragglerPolicy, combine_messages
 from pdml_ray.stragglers.gradient_feed import GradientFeed
 from pdml_ray.stragglers.run import Evaluator, RunResult, StepRecord, cosine
 from pdml_ray.stragglers.worker import GradientWorker, PendingStep
@@ -74,17 +74,27 @@ def simulate(policy: StragglerPolicy, workers: Sequence[GradientWorker], params:
         for w in tasks:
             if w not in arrivals:  # cut short at step_time: keep what it had done, as on Ray
                 workers[w].cut(pending[w], step_time / finish[w] if finish[w] > 0 else 1.0)
-        if feed is not None:
-            feed.observe(step, reports, policy)
-        combination = policy.combine(step, list(arrivals.values()))
-        gradient = combine_messages(combination, messages)
-        grad_cos = cosine(gradient, full) if full is not None else math.nan
-        params = params - lr * gradient.to(torch.float32)
-        loss, full = evaluate(params) if evaluate else (math.nan, None)
+        params, loss, full, grad_cos, combination = _apply(policy, step, arrivals, messages, reports, params, full,
+                                                           lr=lr, evaluate=evaluate, feed=feed)
         records.append(StepRecord(step, step_time, loss, grad_cos, combination,
                                   tuple(t.partitions_computed for t in tasks.values()),
                                   tuple(arrivals), tuple(sorted(dead))))
     return RunResult(policy.name, label, tuple(records), stalled, initial, params)
+
+
+def _apply(policy: StragglerPolicy, step: int, arrivals: dict[int, Arrival], messages: dict[int, Tensor],
+           reports: list, params: Tensor, full: Tensor | None, *, lr: float, evaluate: Evaluator | None,
+           feed: GradientFeed | None) -> tuple[Tensor, float, Tensor | None, float, Combination]:
+    """One SGD step from what arrived (both loops): feed the reports, combine by the policy, update and
+    evaluate. Returns (params, loss, full gradient, cosine to the previous full gradient, combination)."""
+    if feed is not None:
+        feed.observe(step, reports, policy)
+    combination = policy.combine(step, list(arrivals.values()))
+    gradient = combine_messages(combination, messages)
+    grad_cos = cosine(gradient, full) if full is not None else math.nan
+    params = params - lr * gradient.to(torch.float32)
+    loss, full = evaluate(params) if evaluate else (math.nan, None)
+    return params, loss, full, grad_cos, combination
 
 
 def _simulate_async(policy: StragglerPolicy, workers: Sequence[GradientWorker], params: Tensor, *, lr: float,
@@ -134,13 +144,8 @@ def _simulate_async(policy: StragglerPolicy, workers: Sequence[GradientWorker], 
             reports.append(reply.report)
         if stalled:
             break
-        if feed is not None:
-            feed.observe(step, reports, policy)
-        combination = policy.combine(step, list(arrivals.values()))
-        gradient = combine_messages(combination, messages)
-        grad_cos = cosine(gradient, full) if full is not None else math.nan
-        params = params - lr * gradient.to(torch.float32)
-        loss, full = evaluate(params) if evaluate else (math.nan, None)
+        params, loss, full, grad_cos, combination = _apply(policy, step, arrivals, messages, reports, params, full,
+                                                           lr=lr, evaluate=evaluate, feed=feed)
         records.append(StepRecord(step, now - started, loss, grad_cos, combination,
                                   tuple(t.partitions_computed for t in tasks.values()),
                                   tuple(arrivals), tuple(sorted(dead))))
