@@ -9,11 +9,16 @@ which cuts the older one short, so a straggler never queues steps the aggregator
 
 An EMULATED death (``straggler_model.death_step``) exits the actor's process at that step: Ray
 reports it to the aggregator as ``ActorDiedError``, as it would a crashed node.
+
+The same shell hosts other data-parallel workers: ``configure(..., worker_cls=C)`` builds a ``C``
+instead of a ``GradientWorker`` (the P3 parameter-server runtime's ``pdml_ray.actors.p3_shard.RayP3PSWorker``),
+``call(method, ...)`` runs one of its methods and ``call_fn(fn, ...)`` a function in the actor.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -32,20 +37,35 @@ class DPWorker:
     one pool of actors serves several runs (starting an actor costs seconds; configuring it does not)."""
 
     def __init__(self) -> None:
-        self.worker: GradientWorker | None = None
+        self.worker: Any = None  # a GradientWorker, or what ``worker_cls`` built
 
-    def configure(self, worker_id: int, *args: Any, **kwargs: Any) -> int:
-        """Become worker ``worker_id`` (args/kwargs as ``GradientWorker``); any step of a previous
-        configuration still sleeping is cut short."""
-        if self.worker is not None:
-            self.worker.announce(2**62)
-        self.worker = GradientWorker(worker_id, *args, **kwargs)
+    def configure(self, worker_id: int, *args: Any, worker_cls: Callable[..., Any] | None = None, **kwargs: Any) -> int:
+        """Become worker ``worker_id`` (args/kwargs as ``GradientWorker``, or as ``worker_cls``); any step
+        of a previous configuration still sleeping is cut short (a ``GradientWorker``) or it is closed."""
+        self._retire()
+        self.worker = (worker_cls or GradientWorker)(worker_id, *args, **kwargs)
         return worker_id
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method`` of the configured worker (for workers other than ``GradientWorker``)."""
+        if self.worker is None:
+            raise UsageError(f"DPWorker.call({method!r}) before configure(): the runtime configures every worker first")
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def call_fn(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in this actor's process (configured or not)."""
+        return fn(*args, **kwargs)
+
+    def _retire(self) -> None:
+        if isinstance(self.worker, GradientWorker):
+            self.worker.announce(2**62)
+        elif self.worker is not None and hasattr(self.worker, "close"):
+            self.worker.close()
 
     def run(self, step: int, params: Tensor, task: WorkerTask, *old_params: Tensor) -> tuple[Tensor, WorkerReply]:
         worker = self.worker
-        if worker is None:
-            raise UsageError("DPWorker.run before configure(): the runtime configures every worker first")
+        if not isinstance(worker, GradientWorker):
+            raise UsageError("DPWorker.run needs a GradientWorker: configure() it first (without another worker_cls)")
         if worker.dies_at(step):
             os._exit(1)  # EMULATED death: the process goes away mid-step, as a crashed node's would
         return worker.run(step, params, task, *old_params)
@@ -53,13 +73,13 @@ class DPWorker:
     def tick(self, step: int) -> int:
         """The aggregator reached ``step`` while this worker still computes an older one (asynchronous
         policies): an EMULATED death due by ``step`` happens now, mid-computation."""
-        if self.worker is not None and self.worker.dies_at(step):
+        if isinstance(self.worker, GradientWorker) and self.worker.dies_at(step):
             os._exit(1)
         return step
 
     def stop(self) -> None:
         """Cut short whatever step is sleeping (the run is over)."""
-        if self.worker is not None:
+        if isinstance(self.worker, GradientWorker):
             self.worker.announce(2**62)
 
 

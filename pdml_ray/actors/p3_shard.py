@@ -3,16 +3,16 @@
 - ``P3ShardActor``: an asyncio actor around ``pdml_ray.p3.ps.ShardState``. ``push`` adds one worker's
   gradient slices and returns the updated values once every worker has pushed them: each call is
   one coroutine awaiting its slices' events, so thousands can wait at once without threads.
-- ``P3WorkerActor``: a threaded actor around ``pdml_ray.p3.ps.P3PSWorker`` (a model replica, this
-  worker's share of every global batch, the hooks, the EMULATED links). Its transport to the shards is
-  ``RayTransport``: one fire-and-forget actor call per message and shard, the returned ObjectRef's
-  ``future()`` is the pull.
+- Workers: the straggler-tolerant runtime's own actor shell (``pdml_ray.actors.dp_worker.DPWorker``,
+  launched by ``launch_dp_worker``) configured with ``worker_cls=RayP3PSWorker``: a
+  ``pdml_ray.p3.ps.P3PSWorker`` (a model replica, this worker's share of every global batch, the
+  hooks, the EMULATED links) whose transport to the shards is ``RayTransport``: one fire-and-forget
+  actor call per layer (or message) and shard, the returned ObjectRef's ``future()`` is the pull.
 
-The conventions are the straggler-tolerant runtime's (``pdml_ray.actors.dp_worker``): a fraction of a
-CPU per actor, ``max_restarts=0``, ``configure`` (re)builds the core object so one set of actors
-serves several runs, names from ``dp_worker_name``; the data set is published once with ``ray.put``
-and passed by reference. (The worker is its own shell because ``DPWorker.configure`` always builds a
-``GradientWorker``; see the runtime's docstring for the change that would let one shell host both.)
+The conventions are the straggler-tolerant runtime's: a fraction of a CPU per actor,
+``max_restarts=0``, ``configure`` (re)builds the core object so one set of actors serves several runs,
+names from ``dp_worker_name``; the data set is published once with ``ray.put`` and passed by
+reference.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from typing import Any
 import ray
 from torch import Tensor, nn
 
-from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, dp_worker_name
+from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, launch_dp_worker
 from pdml_ray.errors import UsageError
-from pdml_ray.p3.link import LinkModel
-from pdml_ray.p3.ps import LossFn, P3PSWorker, SGDSettings, ShardState, WorkerRun, measure_compute
+from pdml_ray.p3.ps import LossFn, P3PSWorker, SGDSettings, ShardState, WorkerRun
 from pdml_ray.p3.slicing import SlicePlan
 
 
@@ -85,38 +84,23 @@ class RayTransport:
         return self.shards[shard].push.remote(step, worker, slice_ids, grads).future()
 
 
-class P3Worker:
-    """One data-parallel worker of Runtime 1."""
+class RayP3PSWorker(P3PSWorker):
+    """A ``P3PSWorker`` reaching the shards through Ray (``RayTransport`` over their handles), one torch
+    thread; hosted by the straggler runtime's actor shell: ``DPWorker.configure(worker, model, loss_fn,
+    x, y, batches, shards, worker_cls=RayP3PSWorker, **P3PSWorker's keyword arguments)``."""
 
-    def __init__(self) -> None:
-        self.worker: P3PSWorker | None = None
+    def __init__(self, worker: int, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
+                 batches: list[tuple[int, int, float]], shards: list[Any], **kwargs: Any) -> None:
+        super().__init__(worker, model, loss_fn, x, y, batches, RayTransport(shards), len(shards), num_threads=1,
+                         **kwargs)
 
-    def configure(self, worker: int, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
-                  batches: list[tuple[int, int, float]], shards: list[Any], *, policy: str, slice_elements: int,
-                  bucket_bytes: int, link: LinkModel | None, wait_timeout_s: float = 120.0,
-                  compute_sleep_s: list[tuple[float, float]] | None = None) -> int:
-        if self.worker is not None:
-            self.worker.close()
-        self.worker = P3PSWorker(worker, model, loss_fn, x, y, batches, RayTransport(shards), len(shards),
-                                 policy=policy, slice_elements=slice_elements, bucket_bytes=bucket_bytes, link=link,
-                                 num_threads=1, wait_timeout_s=wait_timeout_s, compute_sleep_s=compute_sleep_s)
-        return worker
-
-    def train(self) -> tuple[WorkerRun, Tensor]:
-        """Every step; returns the measurements and this replica's final parameters (one flat vector)."""
-        if self.worker is None:
-            raise UsageError("P3Worker.train before configure(): the runtime configures every worker first")
-        run = self.worker.train()
-        return run, self.worker.parameters_vector()
-
-    def compute_times(self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
-                      batches: list[tuple[int, int, float]]) -> list[float]:
-        """Forward + backward seconds per batch without communication (``measure_compute``)."""
-        return measure_compute(model, loss_fn, x, y, batches, num_threads=1)
+    def train_and_parameters(self) -> tuple[WorkerRun, Tensor]:
+        """Every step; the measurements and this replica's final parameters (one flat vector)."""
+        run = self.train()
+        return run, self.parameters_vector()
 
 
 P3ShardActor = ray.remote(P3Shard)
-P3WorkerActor = ray.remote(P3Worker)
 
 
 def launch_p3_shard(index: int, *, name_prefix: str | None = None,
@@ -129,7 +113,7 @@ def launch_p3_shard(index: int, *, name_prefix: str | None = None,
 
 def launch_p3_worker(index: int, *, name_prefix: str | None = None,
                      num_cpus: float = DEFAULT_DP_WORKER_NUM_CPUS) -> Any:
-    options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 2}
-    if name_prefix is not None:
-        options["name"] = dp_worker_name(f"{name_prefix}-p3", index)
-    return P3WorkerActor.options(**options).remote()
+    """A worker actor of the straggler runtime's shell (``DPWorker``), to configure with
+    ``worker_cls=RayP3PSWorker``."""
+    return launch_dp_worker(index, name_prefix=f"{name_prefix}-p3" if name_prefix is not None else None,
+                            num_cpus=num_cpus)

@@ -1,19 +1,36 @@
 """``pdml-ray bench p3``: P3 vs first-in-first-out vs bucketed send order, side by side in one run.
 
-1. **Parameter-server runtime** (``pdml_ray.runtime.p3_ps``, Ray actors: 2 workers, 2 shards): a small
-   VGG-like model (three convolutions with few parameters and most of the compute, then a large fully
-   connected layer with most of the bytes). Compute per iteration is MEASURED first (forward +
-   backward, both workers at once, no communication); the EMULATED bandwidths are then set so that
-   sending the whole model takes 0.5, 1 and 2 x that compute. At each, the three orders run in turns
-   (interleaved repeats, medians) and the bound max(compute, communication) is reported.
-2. **Simulation** over the real layer lists of VGG-19, ResNet-50 and a GPT-style stack
+The model (``vgg_like``) is the 3-block VGG baseline for CIFAR-10: three VGG blocks of two 3x3
+convolutions (32, 64, 128 channels), then a fully connected layer of 1,024 and the classifier. It has
+VGG-19's shape where P3 is concerned: the convolutions up front hold the compute (95%; VGG-19 at
+224x224: 99%), the fully connected layers at the end hold the bytes (88%; VGG-19: 86%). (The model
+of the first measurements, three small convolutions and one 4096x512 layer, had 43% of its compute in
+that layer, far from any VGG: no order can hide a transfer behind compute that is not there.)
+
+Compute is EMULATED by default (``--compute sleep``): a small real forward/backward (2 samples per
+worker) makes the real gradients, and each layer sleeps its share (by FLOPs, backward = 2 x forward)
+of ``--compute-ms`` per iteration, so the contention of a small shared machine does not decide the
+timing. Compute per iteration is MEASURED first (real forward + backward, both workers at once, no
+communication) and added to the slept time; the EMULATED bandwidths are then set so that sending the
+whole model takes 0.5, 1 and 2 x that compute. At each, the three orders run in turns (interleaved
+repeats, medians) and the bound max(compute, communication) is reported with what the simulator
+predicts for the same model, compute split, link and window (``simulated_s``).
+
+1. **Parameter-server runtime** (``pdml_ray.runtime.p3_ps``, Ray actors: 2 workers, 2 shards; push
+   and pull each through the worker's EMULATED link).
+2. **All-reduce runtime** (``pdml_ray.train.p3_sync`` in real Ray Train workers, ``TorchTrainer``, 2
+   ranks, gloo): per-slice asynchronous all-reduces in P3's planned order, in backward order (fifo),
+   or DDP-like buckets (one all-reduce per bucket); the EMULATED link delays each reduction's
+   completion to when a ring all-reduce over it would end. P3's order is planned after
+   ``WARMUP_STEPS`` measured steps, which are left out.
+3. **Simulation** over the real layer lists of VGG-19, ResNet-50 and a GPT-style stack
    (``pdml_ray.p3.sweep``: bandwidth EMULATED, compute MODELLED from FLOPs): where the gain appears.
-3. The **all-reduce runtime** (``pdml_ray.train.p3_sync``) rows are not measured here yet (see
-   ``all_reduce`` in the JSON): its Ray test measures overlap and correctness, and the simulation's
-   ``--allreduce`` mode gives its upper bound.
+
+Every row: ``runtime``, ``comm_over_compute``, ``iteration_s`` (p3 / fifo / bucketed medians),
+``p3_over_fifo``, ``p3_over_bucketed``, ``bound_s``, ``emulated``.
 
 Targets: at comm/compute 1, P3's iteration time <= 0.8 x FIFO's (parameter server); at no tested
-bandwidth is P3 more than 3% slower than the best baseline.
+bandwidth is P3 more than 3% slower than the best baseline (each runtime).
 """
 
 from __future__ import annotations
@@ -22,18 +39,31 @@ import argparse
 import statistics
 from typing import Any
 
-DESCRIPTION = "P3 vs FIFO vs bucketed send order: parameter-server runtime on Ray actors + simulation (bandwidth EMULATED)"
+DESCRIPTION = ("P3 vs FIFO vs bucketed send order: parameter-server runtime on Ray actors, all-reduce runtime in "
+               "Ray Train, simulation (bandwidth EMULATED)")
 RATIOS = (0.5, 1.0, 2.0)
+POLICIES = ("p3", "fifo", "bucketed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 8, quick 6)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per run (default 8, quick 4; each runtime adds its warm-up steps)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per bandwidth (default 3, quick 1)")
-    parser.add_argument("--batch", type=int, default=None, help="samples per worker per step (default 32, quick 24)")
-    parser.add_argument("--slice-elements", type=int, default=524_288, help="P3 slice size (default 524288 = 2 MB: fewer, larger messages keep Ray's per-call cost down)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="samples per worker per step (default: 2 with --compute sleep, 32 with real; quick real 24)")
+    parser.add_argument("--runtimes", default="parameter-server,all-reduce",
+                        help="comma-separated: parameter-server, all-reduce (default both)")
+    parser.add_argument("--slice-elements", type=int, default=65_536,
+                        help="slice size, all policies (default 65536 = 256 KB: ~4 ms on the wire at comm = compute)")
+    parser.add_argument("--credit-slices", type=int, default=2,
+                        help="P3's window: slices handed to each EMULATED link and not yet arrived (default 2: the "
+                             "next message waits on the modelled wire, hiding the per-message cost of the Ray call)")
+    parser.add_argument("--ps-transfer", choices=("layer", "message"), default="layer",
+                        help="parameter server: one real Ray push per layer and shard (default) or per message "
+                             "(P3Config.ps_transfer); the EMULATED link carries the slices in the policy's order either way")
     parser.add_argument("--no-simulation", action="store_true", help="skip the simulated sweep")
     parser.add_argument("--compute", choices=("sleep", "real"), default="sleep",
-                        help="sleep (default): a small real forward/backward (8 samples per worker) plus EMULATED "
+                        help="sleep (default): a small real forward/backward (2 samples per worker) plus EMULATED "
                              "per-layer compute of --compute-ms per iteration split by the layers' FLOPs, so CPU "
                              "contention on a small machine does not decide the timing; real: the real batch only")
     parser.add_argument("--compute-ms", type=float, default=150.0,
@@ -41,19 +71,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def vgg_like() -> Any:
-    """Convolutions: 20k parameters, most of the compute; fc1: 2.1M parameters (8.4 MB), most of the bytes."""
+    """The 3-block VGG baseline for CIFAR-10 (32x32 images): three VGG blocks of two 3x3 convolutions
+    (32, 64, 128 channels) with max-pooling, then a fully connected layer of 1,024 and the 10-way
+    classifier. The convolutions hold 94.8% of the compute and 12% of the parameters; the fully
+    connected layers 5.2% of the compute and 88% of the parameters (VGG-19 at 224x224: 99% / 14% and
+    1% / 86%)."""
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(64 * 8 * 8, 512), nn.ReLU(), nn.Linear(512, 10))
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                         nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                         nn.MaxPool2d(2),
+                         nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.Conv2d(128, 128, 3, padding=1), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(128 * 4 * 4, 1024), nn.ReLU(), nn.Linear(1024, 10))
 
 
 # forward multiply-adds per sample of each layer of ``vgg_like`` (conv: cin x cout x 9 x output pixels)
-VGG_LIKE_MACS = (3 * 16 * 9 * 32 * 32, 16 * 32 * 9 * 16 * 16, 32 * 64 * 9 * 8 * 8, 4096 * 512, 512 * 10)
+VGG_LIKE_MACS = (3 * 32 * 9 * 32 * 32, 32 * 32 * 9 * 32 * 32, 32 * 64 * 9 * 16 * 16, 64 * 64 * 9 * 16 * 16,
+                 64 * 128 * 9 * 8 * 8, 128 * 128 * 9 * 8 * 8, 2048 * 1024, 1024 * 10)
 
 
 def emulated_layer_compute(total_s: float) -> list[tuple[float, float]]:
@@ -63,10 +101,10 @@ def emulated_layer_compute(total_s: float) -> list[tuple[float, float]]:
 
 
 def _simulated(model: Any, compute_s: float, bandwidth_Bps: float, slice_elements: int,
-               bucket_bytes: int) -> dict[str, float]:
-    """What ``pdml_ray.p3.simulate`` predicts for the same model, compute split and EMULATED link, with
-    the runtime's window of one message per link (credit = one slice): the runtime's numbers minus
-    these are its own overhead (Ray calls, threads, contention)."""
+               bucket_bytes: int, credit_bytes: float, allreduce: bool = False) -> dict[str, float]:
+    """What ``pdml_ray.p3.simulate`` predicts for the same model, compute split, EMULATED link and P3
+    window (``allreduce``: the all-reduce runtime, no pull): the runtime's numbers minus these are its
+    own overhead (Ray calls, threads, contention)."""
     from pdml_ray.p3.link import LinkModel
     from pdml_ray.p3.models import LayerProfile, ModelProfile
     from pdml_ray.p3.ps import model_layers
@@ -77,7 +115,7 @@ def _simulated(model: Any, compute_s: float, bandwidth_Bps: float, slice_element
                                              in enumerate(zip(numels, emulated_layer_compute(compute_s)))))
     link = LinkModel(bandwidth_Bps)
     return {p: simulate_iteration(profile, p, link, slice_elements=slice_elements, bucket_bytes=bucket_bytes,
-                                  credit_bytes=4.0 * slice_elements).iteration_s
+                                  credit_bytes=credit_bytes, allreduce=allreduce).iteration_s
             for p in ("p3", "fifo", "bucketed")}
 
 
@@ -85,7 +123,192 @@ def _target(value: float | None, target: str, met: bool) -> dict[str, Any]:
     return {"value": value, "target": target, "met": met}
 
 
+def make_row(runtime: str, ratio: float, bandwidth_Bps: float, compute_s: float, comm_s: float,
+             times: dict[str, list[float]], simulated: dict[str, float], emulated: str,
+             compute_note: str) -> dict[str, Any]:
+    """One row of the benchmark's ``runs`` (the same fields for both runtimes)."""
+    med = {p: float(statistics.median(v)) for p, v in times.items()}
+    return {"runtime": runtime, "comm_over_compute": ratio, "bandwidth_gbps": bandwidth_Bps * 8 / 1e9,
+            "compute_s": compute_s, "comm_s": comm_s, "iteration_s": med, "iteration_s_all": times,
+            "p3_over_fifo": med["p3"] / med["fifo"], "p3_over_bucketed": med["p3"] / med["bucketed"],
+            "p3_over_best_baseline": med["p3"] / min(med["fifo"], med["bucketed"]),
+            "bound_s": max(compute_s, comm_s), "simulated_s": simulated,
+            "simulated_p3_over_fifo": simulated["p3"] / simulated["fifo"], "compute": compute_note,
+            "emulated": f"{emulated}; {compute_note}"}
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    med, sim = row["iteration_s"], row["simulated_s"]
+    print(f"{row['runtime']}: EMULATED {row['bandwidth_gbps']:.3g} Gb/s (comm/compute {row['comm_over_compute']:g}): "
+          f"p3 {med['p3'] * 1e3:.1f} ms, fifo {med['fifo'] * 1e3:.1f} ms, bucketed {med['bucketed'] * 1e3:.1f} ms, "
+          f"bound {row['bound_s'] * 1e3:.1f} ms; p3/fifo {row['p3_over_fifo']:.3f} (simulated: p3 "
+          f"{sim['p3'] * 1e3:.1f} ms, fifo {sim['fifo'] * 1e3:.1f} ms, bucketed {sim['bucketed'] * 1e3:.1f} ms)",
+          flush=True)
+
+
+def _compute_note(compute_ms: float | None, real_s: float) -> str:
+    if compute_ms is not None:
+        return (f"compute EMULATED: {compute_ms:g} ms slept per iteration (split by layer FLOPs) + MEASURED "
+                f"{real_s * 1e3:.1f} ms real forward/backward")
+    return f"compute real, MEASURED {real_s * 1e3:.1f} ms"
+
+
+def _emulate_compute(model: Any, layer_sleep: list[tuple[float, float]]) -> tuple[list[Any], Any]:
+    """EMULATED per-layer compute on ``model``: backward sleeps (gradient hooks, to register *before*
+    ``P3AllReduce`` so a layer sleeps before its gradient is declared ready) and a function registering
+    the forward sleeps (pre-hooks, to register *after* it so a layer sleeps after waiting for its update)."""
+    import time
+
+    from pdml_ray.p3.ps import model_layers
+
+    layers = model_layers(model)
+    handles = []
+    for (_, _, params), (_, backward_s) in zip(layers, layer_sleep):
+        for p in params:
+            handles.append(p.register_post_accumulate_grad_hook(
+                lambda _p, s=backward_s / len(params): time.sleep(s)))
+
+    def forward_hooks() -> list[Any]:
+        return [module.register_forward_pre_hook(lambda _m, _a, s=forward_s: time.sleep(s))
+                for (_, module, _), (forward_s, _) in zip(layers, layer_sleep)]
+
+    return handles, forward_hooks
+
+
+def allreduce_rows(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The all-reduce runtime's rows, run on every rank of an initialised ``torch.distributed`` group
+    (``allreduce_loop`` in Ray Train; any group, one rank included). Each rank trains on its share of
+    the same global batches; per step the slowest rank's iteration counts."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from pdml_ray.config.p3 import P3Config
+    from pdml_ray.train.p3_sync import WARMUP_STEPS, P3AllReduce
+
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch, steps, repeats = config["batch"], config["steps"], config["repeats"]
+    total = WARMUP_STEPS + steps + 1  # the warm-up, the measured steps, and one more forward to end the last
+    g = torch.Generator().manual_seed(config["seed"])
+    x = torch.randn(total * batch * world, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (total * batch * world,), generator=g)
+
+    def rows(k: int) -> slice:
+        return slice((k * world + rank) * batch, (k * world + rank + 1) * batch)
+
+    def slowest(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [float(v) for v in t]
+
+    compute_ms = config["compute_ms"]
+    layer_sleep = emulated_layer_compute(compute_ms / 1e3) if compute_ms is not None else None
+    model = vgg_like()
+    real = []
+    for k in range(total):  # real forward/backward, no communication, every rank at once
+        t0 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[rows(k)]), y[rows(k)]).backward()
+        real.append(time.perf_counter() - t0)
+    real_s = float(statistics.median(slowest(real)[WARMUP_STEPS:]))
+    compute_s = real_s + (compute_ms / 1e3 if compute_ms is not None else 0.0)
+    total_bytes = 4 * sum(p.numel() for p in model.parameters())
+    wire = 2.0 * (world - 1) / world if world > 1 else 1.0  # a ring all-reduce's bytes per rank, as P3AllReduce
+    note = _compute_note(compute_ms, real_s)
+
+    def one_run(policy: str, gbps: float) -> float:
+        model = vgg_like()
+        handles, forward_hooks = _emulate_compute(model, layer_sleep) if layer_sleep is not None else ([], list)
+        sync = P3AllReduce(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                           P3Config(policy=policy, slice_elements=config["slice_elements"],
+                                    credit_bytes=config["credit_bytes"], bucket_bytes=config["bucket_bytes"],
+                                    emulated_bandwidth_gbps=gbps))
+        handles += forward_hooks()
+        if world > 1:
+            dist.barrier()
+        starts = []
+        for k in range(total):
+            starts.append(time.perf_counter())
+            if k == total - 1:
+                break
+            sync.begin(1.0 / world)  # equal shares of the global batch: gradient weight b_i / B
+            F.cross_entropy(model(x[rows(k)]), y[rows(k)]).backward()
+            sync.end_backward()
+        sync.finish()
+        sync.remove()
+        for h in handles:
+            h.remove()
+        iterations = slowest([b - a for a, b in zip(starts, starts[1:])])
+        return float(statistics.median(iterations[WARMUP_STEPS:]))
+
+    out = []
+    for ratio in config["ratios"]:
+        bandwidth_Bps = total_bytes * wire / (ratio * compute_s)
+        comm_s = total_bytes * wire / bandwidth_Bps
+        times: dict[str, list[float]] = {p: [] for p in POLICIES}
+        for _ in range(repeats):
+            for policy in POLICIES:
+                times[policy].append(one_run(policy, bandwidth_Bps * 8 / 1e9))
+        simulated = _simulated(model, compute_s, bandwidth_Bps / wire, config["slice_elements"], config["bucket_bytes"],
+                               config["credit_bytes"], allreduce=True)
+        row = make_row("all-reduce", ratio, bandwidth_Bps, compute_s, comm_s, times, simulated,
+                       f"bandwidth {bandwidth_Bps * 8 / 1e9:.3g} Gb/s EMULATED (each reduction completes when a ring "
+                       "all-reduce over it would; gloo does the real one)", note)
+        if rank == 0:
+            _print_row(row)
+        out.append(row)
+    return out
+
+
+def allreduce_loop(config: dict[str, Any]) -> None:
+    """The Ray Train worker loop: ``allreduce_rows``, rank 0 writes them to ``config["out"]``."""
+    import json
+
+    import torch.distributed as dist
+
+    rows = allreduce_rows(config)
+    if dist.get_rank() == 0:
+        with open(config["out"], "w", encoding="utf-8") as f:
+            json.dump(rows, f)
+
+
+def _run_allreduce(config: dict[str, Any]) -> list[dict[str, Any]]:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    storage = tempfile.mkdtemp(prefix="pdml-ray-p3-")
+    out = Path(storage) / "allreduce.json"
+    trainer = TorchTrainer(allreduce_loop, train_loop_config={**config, "out": str(out)},
+                           scaling_config=ray.train.ScalingConfig(num_workers=2),
+                           run_config=ray.train.RunConfig(name="pdml-bench-p3-allreduce", storage_path=storage))
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    rows: list[dict[str, Any]] = json.loads(out.read_text())
+    return rows
+
+
+def _load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15 minute load averages (other processes' share of the cores)."""
+    import os
+
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
     import ray
     import torch
     import torch.nn.functional as F
@@ -95,61 +318,72 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from pdml_ray.errors import UsageError
     from pdml_ray.p3.link import EMULATION_NOTE
     from pdml_ray.p3.ps import SGDSettings
-    from pdml_ray.runtime.p3_ps import P3ParameterServer
+    from pdml_ray.runtime.p3_ps import WARMUP_STEPS, P3ParameterServer
 
     if args.device != "cpu":
-        raise UsageError("--device cuda is not supported by bench p3 yet: the parameter-server workers train on the CPU")
-    steps = args.steps or (6 if args.quick else 8)
+        raise UsageError("--device cuda is not supported by bench p3 yet: the workers train on the CPU")
+    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    if not runtimes or set(runtimes) - {"parameter-server", "all-reduce"}:
+        raise UsageError(f"--runtimes takes parameter-server and/or all-reduce, got {args.runtimes!r}")
+    steps = args.steps or (4 if args.quick else 8)
     repeats = args.repeats or (1 if args.quick else 3)
     sleep = args.compute == "sleep"
-    batch = args.batch or (8 if sleep else (24 if args.quick else 32))
+    batch = args.batch or (2 if sleep else (24 if args.quick else 32))
+    compute_ms = args.compute_ms if sleep else None
     layer_sleep = emulated_layer_compute(args.compute_ms / 1e3) if sleep else None
     sizes = (batch, batch)
+    ps_steps = WARMUP_STEPS + steps
     g = torch.Generator().manual_seed(args.seed)
-    n = steps * sum(sizes)
+    n = ps_steps * sum(sizes)
     x, y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
     model = vgg_like()
     total_bytes = sum(p.numel() for p in model.parameters()) * 4
     bucket_bytes = total_bytes // 4  # DDP's 25 MB scaled to the model (VGG-19: 575 MB / 25 MB ~ 23 buckets; here 4-5)
+    credit_bytes = args.credit_slices * args.slice_elements * 4
     sgd = SGDSettings(lr=0.01, momentum=0.9)
+    load_start = _load_average()
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     runs: list[dict[str, Any]] = []
-    compute_note = ""
+    notes: dict[str, str] = {}
     try:
-        with P3ParameterServer(num_workers=2, num_shards=2) as ps:
-            real_s = ps.compute_s(model, F.cross_entropy, x, y, batch_sizes=sizes, steps=steps)
-            compute_s = real_s + (args.compute_ms / 1e3 if sleep else 0.0)
-            compute_note = (f"compute EMULATED: {args.compute_ms:g} ms slept per iteration (split by layer FLOPs) + "
-                            f"MEASURED {real_s * 1e3:.1f} ms real forward/backward" if sleep
-                            else f"compute real, MEASURED {real_s * 1e3:.1f} ms")
-            print(f"bench p3: {compute_note} per iteration (2 workers x {batch} samples at once, 2 shards); "
-                  f"model {total_bytes / 1e6:.2f} MB; bandwidth EMULATED", flush=True)
-            for ratio in RATIOS:
-                bandwidth_Bps = total_bytes / (ratio * compute_s)
-                gbps = bandwidth_Bps * 8 / 1e9
-                times: dict[str, list[float]] = {"p3": [], "fifo": [], "bucketed": []}
-                for _ in range(repeats):
-                    for policy in times:
-                        config = P3Config(policy=policy, slice_elements=args.slice_elements, bucket_bytes=bucket_bytes,
-                                          emulated_bandwidth_gbps=gbps)
-                        times[policy].append(ps.run(model, F.cross_entropy, x, y, batch_sizes=sizes, steps=steps,
-                                                    sgd=sgd, config=config, compute_sleep_s=layer_sleep).iteration_s)
-                med = {p: float(statistics.median(v)) for p, v in times.items()}
-                comm_s = total_bytes / bandwidth_Bps
-                simulated = _simulated(model, compute_s, bandwidth_Bps, args.slice_elements, bucket_bytes)
-                row = {"runtime": "parameter-server", "comm_over_compute": ratio, "bandwidth_gbps": gbps,
-                       "compute_s": compute_s, "comm_s": comm_s, "iteration_s": med, "iteration_s_all": times,
-                       "p3_over_fifo": med["p3"] / med["fifo"], "p3_over_bucketed": med["p3"] / med["bucketed"],
-                       "bound_s": max(compute_s, comm_s), "simulated_s": simulated,
-                       "simulated_p3_over_fifo": simulated["p3"] / simulated["fifo"], "emulated": f"bandwidth {gbps:.3g} Gb/s EMULATED; {compute_note}"}
-                runs.append(row)
-                print(f"EMULATED {gbps:.3g} Gb/s (comm/compute {ratio:g}): p3 {med['p3'] * 1e3:.1f} ms, fifo "
-                      f"{med['fifo'] * 1e3:.1f} ms, bucketed {med['bucketed'] * 1e3:.1f} ms, bound "
-                      f"{row['bound_s'] * 1e3:.1f} ms; p3/fifo {row['p3_over_fifo']:.3f} (simulated: p3 "
-                      f"{simulated['p3'] * 1e3:.1f} ms, fifo {simulated['fifo'] * 1e3:.1f} ms, bucketed "
-                      f"{simulated['bucketed'] * 1e3:.1f} ms)", flush=True)
+        if "parameter-server" in runtimes:
+            with P3ParameterServer(num_workers=2, num_shards=2) as ps:
+                real_s = ps.compute_s(model, F.cross_entropy, x, y, batch_sizes=sizes, steps=ps_steps)
+                compute_s = real_s + (args.compute_ms / 1e3 if sleep else 0.0)
+                notes["parameter-server"] = note = _compute_note(compute_ms, real_s)
+                print(f"bench p3, parameter server: {note} per iteration (2 workers x {batch} samples at once, "
+                      f"2 shards); model {total_bytes / 1e6:.2f} MB; bandwidth EMULATED", flush=True)
+                for ratio in RATIOS:
+                    bandwidth_Bps = total_bytes / (ratio * compute_s)
+                    gbps = bandwidth_Bps * 8 / 1e9
+                    times: dict[str, list[float]] = {p: [] for p in POLICIES}
+                    for _ in range(repeats):
+                        for policy in POLICIES:
+                            config = P3Config(policy=policy, slice_elements=args.slice_elements,
+                                              bucket_bytes=bucket_bytes, credit_bytes=credit_bytes,
+                                              emulated_bandwidth_gbps=gbps, ps_transfer=args.ps_transfer)
+                            times[policy].append(ps.run(model, F.cross_entropy, x, y, batch_sizes=sizes,
+                                                        steps=ps_steps, sgd=sgd, config=config,
+                                                        compute_sleep_s=layer_sleep).iteration_s)
+                    simulated = _simulated(model, compute_s, bandwidth_Bps, args.slice_elements, bucket_bytes,
+                                           credit_bytes)
+                    row = make_row("parameter-server", ratio, bandwidth_Bps, compute_s, total_bytes / bandwidth_Bps,
+                                   times, simulated, f"bandwidth {gbps:.3g} Gb/s EMULATED (push and pull, each "
+                                   "worker's link)", note)
+                    _print_row(row)
+                    runs.append(row)
+        if "all-reduce" in runtimes:
+            print(f"bench p3, all-reduce: Ray Train, 2 ranks x {batch} samples, gloo; bandwidth EMULATED", flush=True)
+            ar = _run_allreduce({"batch": batch, "steps": steps, "repeats": repeats, "seed": args.seed,
+                                 "compute_ms": compute_ms, "ratios": list(RATIOS), "slice_elements": args.slice_elements,
+                                 "credit_bytes": credit_bytes, "bucket_bytes": bucket_bytes})
+            for row in ar:
+                _print_row(row)
+            if ar:
+                notes["all-reduce"] = ar[0]["compute"]
+            runs += ar
     finally:
         if started_here:
             ray.shutdown()
@@ -160,31 +394,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from pdml_ray.p3.models import model_profile
         from pdml_ray.p3.sweep import format_sweep, sweep
 
-        rows = [r for m in ("vgg19", "resnet50", "gpt") for r in sweep(model_profile(m), (0.25, 0.5, 1.0, 2.0, 4.0))]
-        print(format_sweep(rows))
+        sim_ratios = RATIOS if args.quick else (0.25, 0.5, 1.0, 2.0, 4.0)
+        sim_rows = [r for m in ("vgg19", "resnet50", "gpt") for r in sweep(model_profile(m), sim_ratios)]
+        print(format_sweep(sim_rows))
         simulation = [{**asdict(r), "p3_over_fifo": r.p3_vs_fifo, "p3_over_best_baseline": r.p3_vs_best_baseline}
-                      for r in rows]
+                      for r in sim_rows]
     print_table(["runtime", "comm/comp", "Gb/s (EMULATED)", "p3 ms", "fifo ms", "bucketed ms", "bound ms", "p3/fifo",
-                 "p3/bucketed"],
+                 "p3/bucketed", "sim p3/fifo"],
                 [[r["runtime"], r["comm_over_compute"], r["bandwidth_gbps"], r["iteration_s"]["p3"] * 1e3,
                   r["iteration_s"]["fifo"] * 1e3, r["iteration_s"]["bucketed"] * 1e3, r["bound_s"] * 1e3,
-                  r["p3_over_fifo"], r["p3_over_bucketed"]] for r in runs],
-                title=f"P3 parameter server, EMULATED bandwidth; {compute_note}")
-    at_one = next(r for r in runs if r["comm_over_compute"] == 1.0)
-    worst = max(r["iteration_s"]["p3"] / min(r["iteration_s"]["fifo"], r["iteration_s"]["bucketed"]) for r in runs)
-    targets = {
-        "ps_p3_over_fifo_at_comm_eq_compute": _target(at_one["p3_over_fifo"], "<= 0.8", at_one["p3_over_fifo"] <= 0.8),
-        "ps_p3_over_best_baseline_worst": _target(worst, "<= 1.03 at every tested bandwidth", worst <= 1.03),
-    }
+                  r["p3_over_fifo"], r["p3_over_bucketed"], r["simulated_p3_over_fifo"]] for r in runs],
+                title="P3, EMULATED bandwidth; " + "; ".join(f"{k}: {v}" for k, v in notes.items()))
+    targets: dict[str, dict[str, Any]] = {}
+    ps_rows = [r for r in runs if r["runtime"] == "parameter-server"]
+    if ps_rows:
+        at_one = min(ps_rows, key=lambda r: abs(r["comm_over_compute"] - 1.0))
+        targets["ps_p3_over_fifo_at_comm_eq_compute"] = _target(at_one["p3_over_fifo"], "<= 0.8",
+                                                                at_one["p3_over_fifo"] <= 0.8)
+    for runtime, key in (("parameter-server", "ps"), ("all-reduce", "allreduce")):
+        mine = [r for r in runs if r["runtime"] == runtime]
+        if mine:
+            worst = max(r["p3_over_best_baseline"] for r in mine)
+            targets[f"{key}_p3_over_best_baseline_worst"] = _target(worst, "<= 1.03 at every tested bandwidth",
+                                                                     worst <= 1.03)
+    result_load = _load_average()
+    print(f"load average (1/5/15 min) at start {load_start}, at end {result_load} on "
+          f"{os.cpu_count()} cores", flush=True)
     for name, t in targets.items():
         print(f"target {name}: {t['value']:.3f} (target {t['target']}) {'met' if t['met'] else 'MISSED'} "
               f"[bandwidth EMULATED]")
-    result = {"benchmark": "p3", "model": "vgg-like: 3 conv (20k params) + fc 4096x512 + fc 512x10",
+    result = {"benchmark": "p3",
+              "model": "3-block VGG for CIFAR-10: conv 32,32,M,64,64,M,128,128,M + fc 2048x1024 + fc 1024x10",
               "total_bytes": total_bytes, "bucket_bytes": bucket_bytes, "slice_elements": args.slice_elements,
-              "steps": steps, "repeats": repeats, "batch_sizes": list(sizes), "runs": runs,
-              "all_reduce": {"missing": "all-reduce runtime rows not measured by this benchmark yet (time); "
-                                        "tests/ray/test_p3_allreduce_ray.py covers its overlap and correctness"},
-              "simulation": simulation, "targets": targets}
-    emulated = {"bandwidth": EMULATION_NOTE + " (each worker's uplink and downlink; latency 0)",
-                "compute": compute_note, "simulation": "bandwidth EMULATED, compute MODELLED from FLOPs"}
+              "credit_bytes": credit_bytes, "ps_transfer": args.ps_transfer, "steps": steps, "repeats": repeats,
+              "batch_sizes": list(sizes), "runtimes": runtimes, "runs": runs, "simulation": simulation,
+              "targets": targets, "load_average": {"start": load_start, "end": result_load}}
+    emulated = {"bandwidth": EMULATION_NOTE + " (parameter server: each worker's uplink and downlink; all-reduce: "
+                                              "each rank's link, a ring's 2(n-1)/n of the bytes; latency 0)",
+                "compute": "; ".join(f"{k}: {v}" for k, v in notes.items()),
+                "simulation": "bandwidth EMULATED, compute MODELLED from FLOPs"}
     return finish(args, result, emulated)

@@ -24,8 +24,8 @@ class P3Config:
 
     policy: str = "p3"
     """Send order, a name in ``pdml_ray.p3.queue.QUEUES``: ``p3`` (priority by layer in forward order,
-    preemption at slice granularity), ``fifo`` (backward order), ``bucketed`` (DDP-like 25 MB buckets;
-    the simulator and the parameter-server runtime only: for all-reduce, plain DDP is that baseline)."""
+    preemption at slice granularity), ``fifo`` (backward order), ``bucketed`` (DDP-like buckets of
+    ``bucket_bytes``, each sent, or all-reduced, as one message once all its slices are ready)."""
     slice_elements: int = P3_SLICE_ELEMENTS
     """Elements (parameters) per slice; a layer's last slice may be smaller. Slices never cross layers."""
     credit_bytes: int | None = None
@@ -42,6 +42,11 @@ class P3Config:
     """One-way latency of the EMULATED link, microseconds (pipelined across messages)."""
     element_size: int = 4
     """Bytes per gradient element (4: float32)."""
+    ps_transfer: str = "layer"
+    """Parameter-server runtime only: when a worker's real push to the shards is made, ``layer`` (one
+    Ray call per layer and shard once the layer's gradient exists; the EMULATED link still decides
+    when each slice counts as arrived) or ``message`` (one call per message and shard, when it goes on
+    the EMULATED link). See ``pdml_ray.p3.ps``."""
 
     def __post_init__(self) -> None:
         from pdml_ray.p3.queue import QUEUES
@@ -65,6 +70,8 @@ class P3Config:
                 f"p3.emulated_latency_us must be >= 0 microseconds, got {self.emulated_latency_us!r}")
         require(self.emulated_latency_us == 0 or self.emulated_bandwidth_gbps is not None,
                 "p3.emulated_latency_us needs p3.emulated_bandwidth_gbps (latency is part of the EMULATED link)")
+        require(self.ps_transfer in ("layer", "message"),
+                f"p3.ps_transfer must be 'layer' or 'message', got {self.ps_transfer!r}")
         require(self.element_size in (1, 2, 4, 8), f"p3.element_size must be 1, 2, 4 or 8 bytes, got {self.element_size!r}")
 
     @property

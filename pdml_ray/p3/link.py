@@ -103,9 +103,12 @@ class EmulatedLink:
     def model(self) -> LinkModel:
         return self.link.model
 
-    def send(self, nbytes: int) -> float:
-        """``time.perf_counter()`` at which a message of ``nbytes`` sent now arrives."""
-        return self.link.send(nbytes, time.perf_counter())[1]
+    def send(self, nbytes: int, at: float | None = None) -> float:
+        """``time.perf_counter()`` at which a message of ``nbytes`` handed to the link now arrives.
+        ``at`` (<= now): when the sender could have handed it over by the model (it was ready and the
+        window had room), if its own thread woke up later than that; None: now."""
+        now = time.perf_counter()
+        return self.link.send(nbytes, now if at is None else min(at, now))[1]
 
     def wait_until(self, arrival: float) -> float:
         """Sleep until ``arrival``; returns the seconds slept (0 if it has arrived already)."""

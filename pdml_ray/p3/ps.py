@@ -14,23 +14,49 @@ process:
   (``register_post_accumulate_grad_hook``) cut a layer's weighted gradient into slices as soon as
   backward has produced it and push them to the uplink's send queue (``pdml_ray.p3.queue``: ``p3``,
   ``fifo`` or ``bucketed``); a sender thread hands messages to the EMULATED uplink
-  (``pdml_ray.p3.link.EmulatedLink``: it sleeps until the message would have arrived) and then
-  delivers them to the shards (``Transport.push``: one call per message and shard, whose future is
-  the updated slices: push and pull in one round trip). An updated slice goes through the worker's downlink the same way
-  (a send queue of the same policy, then the EMULATED downlink). The next forward waits per layer,
+  (``pdml_ray.p3.link.EmulatedLink``: the message arrives when it would over the modelled link).
+  The gradients go to the shards through ``Transport.push`` (one call per layer or message and
+  shard, whose future is the updated slices: push and pull in one round trip). An updated slice goes
+  through the worker's downlink the same way (a send queue of the same policy, then the EMULATED
+  downlink). The next forward waits per layer,
   in a forward pre-hook, only for that layer's slices, then copies them into the layer's parameters:
   the first layers compute while the later ones are still on the wire.
 
-The real push starts when a message goes on the EMULATED uplink (so Ray's own transfer hides inside
-the modelled one, as ``EmulatedLink`` intends); its update enters the downlink's queue once both the
-modelled upload is over and the shard has answered. One message is on each link at a time (the link serialises bytes anyway; with latency 0 a larger
-credit changes nothing), so a newly ready slice of higher priority overtakes everything queued at the
-next message boundary: preemption at slice granularity.
+**Real transfer and EMULATED link.** Every gradient slice really goes to its shard (a Ray actor call
+in the runtime) and every updated slice really comes back; *when* it counts as arrived is the
+EMULATED link's business: a slice is at the shard when the link model says its message has arrived,
+and its update enters the downlink's send queue once it is at the shard *and* the shard's answer is
+back. ``transfer`` says when the real push is made:
+
+- ``layer`` (default): one call per layer and shard as soon as the layer's gradient exists. The real
+  work is then the same for every send policy (one call per layer and shard), so the policies differ
+  only in the order and timing of the modelled wire, which is what they are about. On a small machine
+  a Ray call costs milliseconds of CPU (serialising, the object store, the actors' event loops), far
+  more than a real network stack's per-message cost; one call per slice (``message``) made the
+  per-message cost, not the order, decide the comparison (``pdml-ray bench p3``).
+- ``message``: the real push starts when the message goes on the EMULATED uplink (Ray's own transfer
+  hides inside the modelled one, as ``EmulatedLink`` intends): one call per message and shard.
+
+Either way the Ray calls are made by the uplink's sender thread, never by backward's. A message is
+handed to the link model at the time the model allows (its slices ready, room in the window:
+``EmulatedLink.send(at=...)``), not when the sender thread next gets the CPU: on a busy machine a
+late wake-up would otherwise idle the modelled link, an artefact of the emulation, not of the order.
+
+**Credit window.** ``credit_bytes`` (``p3`` only, as in the simulator: the baselines' order cannot
+change, so they hand every ready message to the link at once) caps the bytes handed to each EMULATED
+link and not yet arrived. With one message at a time the link idles between an arrival and the next
+hand-over (waking the sender thread, the Ray call of the next push: the runtime's per-message cost);
+with a window of two or more slices the next message is already queued on the modelled wire, so that
+cost hides behind the previous message, at the price of the window's bytes no longer being
+overtakeable: a newly ready slice of higher priority overtakes everything queued beyond the window
+(preemption at slice granularity). ``None``: one message at a time.
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +73,7 @@ from pdml_ray.p3.queue import DDP_BUCKET_BYTES, Message, SendQueue, make_queue
 from pdml_ray.p3.slicing import Slice, SlicePlan, flatten_layer, plan_slices, unflatten_layer
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
+TRANSFERS = ("layer", "message")
 
 
 def shard_of(slice_index: int, num_shards: int) -> int:
@@ -179,9 +206,13 @@ class P3PSWorker:
                  batches: Sequence[tuple[int, int, float]], transport: Transport, num_shards: int, *,
                  policy: str = "p3", slice_elements: int = 40_000, bucket_bytes: int = DDP_BUCKET_BYTES,
                  link: LinkModel | None = None, num_threads: int | None = None, wait_timeout_s: float = 120.0,
-                 compute_sleep_s: Sequence[tuple[float, float]] | None = None) -> None:
+                 compute_sleep_s: Sequence[tuple[float, float]] | None = None,
+                 credit_bytes: float | None = None, transfer: str = "layer") -> None:
         """``batches``: per step, (first row, rows, gradient weight b_i / B) of this worker's batch in
         (x, y). ``link``: the EMULATED link model of both directions (None: no emulation).
+        ``credit_bytes``: the ``p3`` policy's window per link (None: one message at a time; see the
+        module docstring); the baselines always hand over every ready message. ``transfer``: when the
+        real push to the shards happens, ``layer`` or ``message`` (see the module docstring).
         ``compute_sleep_s``: per layer, (forward, backward) seconds of EMULATED compute slept on top of
         the real forward/backward (in the forward pre-hook after the wait, and before the layer's
         gradient is declared ready), so CPU contention does not decide the timing."""
@@ -190,6 +221,13 @@ class P3PSWorker:
         self.worker, self.model, self.loss_fn, self.x, self.y = worker, model, loss_fn, x, y
         self.batches, self.transport, self.num_shards, self.policy = list(batches), transport, num_shards, policy
         self.bucket_bytes, self.wait_timeout_s = bucket_bytes, wait_timeout_s
+        if transfer not in TRANSFERS:
+            raise ConfigError(f"transfer must be one of {TRANSFERS}, got {transfer!r}")
+        self.transfer = transfer
+        if credit_bytes is not None and not credit_bytes > 0:
+            raise ConfigError(f"credit_bytes must be > 0 (or None for one message at a time), got {credit_bytes!r}")
+        # the queue's window: p3's credit (None = one message: the smallest positive window); baselines unbounded
+        self.credit_bytes: float | None = (credit_bytes or 1.0) if policy == "p3" else None
         found = model_layers(model)
         if not found:
             raise UsageError("the model has no trainable parameters for P3 to synchronise")
@@ -205,11 +243,15 @@ class P3PSWorker:
         self.downlink = EmulatedLink(link) if link is not None else None
         self._cond = threading.Condition()
         self._round = -1
-        self._up: SendQueue = make_queue(policy, self.plan, None, bucket_bytes)
-        self._down: SendQueue = make_queue(policy, self.plan, None, bucket_bytes)
+        self._up: SendQueue = make_queue(policy, self.plan, self.credit_bytes, bucket_bytes)
+        self._down: SendQueue = make_queue(policy, self.plan, self.credit_bytes, bucket_bytes)
         self._grads: dict[int, Tensor] = {}  # slice -> weighted gradient slice of the current round
         self._values: dict[int, Tensor] = {}  # slice -> updated value back from its shard
         self._at_shard: set[int] = set()  # slices of the current round whose EMULATED upload is over
+        self._ready_at: dict[str, dict[int, float]] = {"up": {}, "down": {}}  # slice -> ready to send (perf_counter)
+        self._freed_at = {"up": 0.0, "down": 0.0}  # the modelled arrival that last freed room in each window
+        self._pulled_at: dict[int, float] = {}  # slice -> when the shard's answer came back
+        self._to_prepare: list[tuple[int, int, list[Tensor], float]] = []  # (step, layer, grads, weight) to cut
         self._arrived: set[int] = set()  # slices of the current round whose update has arrived
         self._applied: set[int] = set()  # layers whose update of the previous round is in the parameters
         self._remaining: list[int] = []
@@ -267,11 +309,12 @@ class P3PSWorker:
             if self._up.pending or self._up.in_flight_bytes or self._down.pending or self._down.in_flight_bytes:
                 raise PlanError(f"worker {self.worker}: step {step} begins with messages of the last one still queued")
             self._round = step
-            self._up = make_queue(self.policy, self.plan, None, self.bucket_bytes)
-            self._down = make_queue(self.policy, self.plan, None, self.bucket_bytes)
+            self._up = make_queue(self.policy, self.plan, self.credit_bytes, self.bucket_bytes)
+            self._down = make_queue(self.policy, self.plan, self.credit_bytes, self.bucket_bytes)
             self._grads.clear()
             self._values.clear()
             self._at_shard.clear()
+            self._ready_at = {"up": {}, "down": {}}
             self._arrived.clear()
             self._applied.clear()
             self._remaining = [len(ps) for ps in self.layer_params]
@@ -284,58 +327,102 @@ class P3PSWorker:
         if self.compute_sleep_s is not None:
             time.sleep(self.compute_sleep_s[layer][1])  # EMULATED backward of this layer
         now = time.perf_counter()
-        flat = flatten_layer([p.grad if p.grad is not None else torch.zeros_like(p)
-                              for p in self.layer_params[layer]]) * self._weight
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.layer_params[layer]]
         with self._cond:
-            self.run.timeline.append(("ready", self._round, layer, now))
+            step = self._round
+            self.run.timeline.append(("ready", step, layer, now))
+            # the copies and the real push are the uplink thread's work (``_prepare``), not backward's
+            self._to_prepare.append((step, layer, grads, self._weight))
             for s in self.plan.slices_of(layer):
-                self._grads[s.index] = flat[s.start:s.stop].clone()  # a view would pickle the whole layer
+                self._ready_at["up"][s.index] = now
                 self._up.push(s)
             self._cond.notify_all()
 
+    def _prepare(self, step: int, layer: int, grads: list[Tensor], weight: float) -> None:
+        """A layer's weighted gradient cut into its slices (copies: a view would pickle the whole layer);
+        with ``transfer="layer"`` pushed to the shards at once."""
+        flat = flatten_layer(grads).mul_(weight)
+        parts = {s.index: flat[s.start:s.stop].clone() for s in self.plan.slices_of(layer)}
+        with self._cond:
+            self._grads.update(parts)
+        if self.transfer == "layer":
+            self._deliver(step, list(self.plan.slices_of(layer)))
+
     # ---- the two links ----------------------------------------------------------------------------
     def _pump(self, direction: str) -> None:
+        """Hand messages to one EMULATED link as the queue's window allows; acknowledge each when the
+        link model says it has arrived (several may be on the modelled wire at once)."""
         link = self.uplink if direction == "up" else self.downlink
+        up = direction == "up"
+        in_flight: list[tuple[float, int, Message, int, SendQueue]] = []  # (arrival, seq, message, step, queue)
+        seq = itertools.count()
         try:
             while True:
+                send: tuple[Message, int, SendQueue, float] | None = None
+                due: list[tuple[float, int, Message, int, SendQueue]] = []
+                prepare: list[tuple[int, int, list[Tensor], float]] = []
                 with self._cond:
-                    while not self._stop and (message := (self._up if direction == "up" else self._down).pop()) is None:
-                        self._cond.wait()
-                    if self._stop:
-                        return
-                    queue, step = (self._up if direction == "up" else self._down), self._round
-                    assert message is not None
-                arrival = link.send(message.nbytes) if link is not None else 0.0
-                if direction == "up":
-                    self._deliver(step, message)  # the real transfer runs during the EMULATED one
-                if link is not None:
-                    link.wait_until(arrival)
-                with self._cond:
-                    queue.ack(message)
-                    now = time.perf_counter()
-                    for s in message.slices:
-                        if direction == "up":  # at the shard now: its update may go down once applied
-                            self._at_shard.add(s.index)
-                            if s.index in self._values:
-                                self._down.push(s)
-                        else:
-                            self._arrived.add(s.index)
-                            self.run.timeline.append(("arrived", step, s.index, now))
-                    self._cond.notify_all()
+                    while True:
+                        if self._stop:
+                            return
+                        if up and self._to_prepare:
+                            prepare, self._to_prepare = self._to_prepare, []
+                            break
+                        now = time.perf_counter()
+                        while in_flight and in_flight[0][0] <= now:
+                            due.append(heapq.heappop(in_flight))
+                        if due:
+                            break
+                        queue = self._up if up else self._down
+                        message = queue.pop()
+                        if message is not None:
+                            ready = max(self._ready_at[direction].get(s.index, now) for s in message.slices)
+                            send = (message, self._round, queue, max(ready, self._freed_at[direction]))
+                            break
+                        self._cond.wait(timeout=in_flight[0][0] - now if in_flight else None)
+                for step, layer, grads, weight in prepare:
+                    self._prepare(step, layer, grads, weight)  # before any of its slices' messages is handed over
+                if send is not None:
+                    message, step, queue, could_send = send
+                    # handed over when the model could have (ready, room in the window), not when this
+                    # thread got the CPU: a late wake-up on a busy machine must not idle the modelled link
+                    arrival = link.send(message.nbytes, at=could_send) if link is not None else 0.0
+                    if up:
+                        now = time.perf_counter()
+                        with self._cond:
+                            self.run.timeline += [("sent", step, s.index, now) for s in message.slices]
+                        if self.transfer == "message":
+                            self._deliver(step, list(message.slices))  # the real transfer during the EMULATED one
+                    heapq.heappush(in_flight, (arrival, next(seq), message, step, queue))
+                if due:
+                    with self._cond:
+                        now = time.perf_counter()
+                        for arrival, _, message, step, queue in due:
+                            queue.ack(message)
+                            self._freed_at[direction] = max(self._freed_at[direction], arrival)
+                            for s in message.slices:
+                                if up:  # at the shard now: its update may go down once applied
+                                    self._at_shard.add(s.index)
+                                    if s.index in self._values:
+                                        self._ready_at["down"][s.index] = max(arrival, self._pulled_at[s.index])
+                                        self._down.push(s)
+                                else:
+                                    self._arrived.add(s.index)
+                                    self.run.timeline.append(("arrived", step, s.index, now))
+                        self._cond.notify_all()
         except BaseException as e:  # surfaced by the training loop, which would otherwise wait forever
             with self._cond:
                 self._error = e
                 self._cond.notify_all()
 
-    def _deliver(self, step: int, message: Message) -> None:
-        """The message has reached the shards: push its gradient slices, ask for the updated ones."""
+    def _deliver(self, step: int, items: list[Slice]) -> None:
+        """The real transfer: push these gradient slices to their shards (one call per shard), ask for
+        the updated ones."""
         by_shard: dict[int, list[Slice]] = {}
-        for s in message.slices:
+        for s in items:
             by_shard.setdefault(shard_of(s.index, self.num_shards), []).append(s)
-        now = time.perf_counter()
         with self._cond:
-            grads = {s.index: self._grads[s.index] for s in message.slices}
-            self.run.timeline += [("sent", step, s.index, now) for s in message.slices]
+            grads = {s.index: self._grads[s.index] for s in items}
         for shard, slices in by_shard.items():
             ids = [s.index for s in slices]
             future = self.transport.push(shard, step, self.worker, ids, [grads[i] for i in ids])
@@ -352,9 +439,12 @@ class P3PSWorker:
         with self._cond:
             if step != self._round:
                 self._error = PlanError(f"worker {self.worker}: an update of step {step} came back in step {self._round}")
+            now = time.perf_counter()
             for s, v in zip(slices, values):
                 self._values[s.index] = v
+                self._pulled_at[s.index] = now
                 if s.index in self._at_shard:  # its EMULATED upload is over too
+                    self._ready_at["down"][s.index] = now
                     self._down.push(s)
             self._cond.notify_all()
 

@@ -13,20 +13,21 @@ global batches whatever the send order (``tests/ray/test_p3_ps_ray.py``).
 - Shards (``pdml_ray.actors.p3_shard.P3ShardActor``) hold the slices round-robin
   (``pdml_ray.p3.ps.shard_of``), apply SGD per slice as soon as every worker pushed it, and answer
   each push with the updated values.
-- Workers (``P3WorkerActor`` around ``pdml_ray.p3.ps.P3PSWorker``) push slices from parameter hooks
+- Workers (the straggler runtime's ``DPWorker`` actor shell hosting ``RayP3PSWorker``, a
+  ``pdml_ray.p3.ps.P3PSWorker``) push slices from parameter hooks
   during backward, in send-queue order (``p3`` / ``fifo`` / ``bucketed``), through an EMULATED link
   (``P3Config.emulated_bandwidth_gbps``: each message waits until it would have arrived, both ways);
   the next forward waits per layer (forward pre-hooks) for that layer's updated slices only.
 - The data set and initial parameters are published once with ``ray.put`` (the straggler runtime's
   convention); results come back as object refs, gathered with one ``ray.get``.
 
-Reuse of the straggler-tolerant runtime: its actor conventions (``DEFAULT_DP_WORKER_NUM_CPUS``,
-``dp_worker_name``, ``configure`` to reuse actors across runs) and object-store publishing. Its
-``DPWorker`` always builds a ``GradientWorker``; with ``DPWorker.configure(worker_id, *args,
-worker_cls=GradientWorker, **kwargs)`` and a generic ``call(method, *args)`` the same shell and
-``WorkerPool`` could host ``P3PSWorker`` and the separate ``P3WorkerActor`` would go.
-Not modelled: the shards' own NIC (each worker's link is the bottleneck), credit windows beyond one
-message per link (exact for latency 0), ``P3Config.auto``.
+Reuse of the straggler-tolerant runtime: its worker actor itself (``DPWorker`` via
+``launch_dp_worker``, configured with ``worker_cls=RayP3PSWorker``; ``call`` / ``call_fn`` run the
+worker's methods), its conventions (``DEFAULT_DP_WORKER_NUM_CPUS``, ``dp_worker_name``, ``configure``
+to reuse actors across runs) and object-store publishing.
+``P3Config.credit_bytes`` (default four slices) is the ``p3`` policy's window per EMULATED link
+(``pdml_ray.p3.ps``: it hides the runtime's per-message cost behind the message ahead). Not modelled:
+the shards' own NIC (each worker's link is the bottleneck), ``P3Config.auto``.
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ import torch
 from torch import Tensor, nn
 
 from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS
-from pdml_ray.actors.p3_shard import launch_p3_shard, launch_p3_worker
+from pdml_ray.actors.p3_shard import RayP3PSWorker, launch_p3_shard, launch_p3_worker
 from pdml_ray.config.p3 import P3Config
 from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.p3.link import LinkModel
-from pdml_ray.p3.ps import LossFn, SGDSettings, WorkerRun, layer_plan, model_layers
+from pdml_ray.p3.ps import LossFn, SGDSettings, WorkerRun, layer_plan, measure_compute, model_layers
 from pdml_ray.p3.slicing import flatten_layer, reassemble
 
 WARMUP_STEPS = 2  # steps left out of the iteration time (one-off costs: first calls, allocations)
@@ -117,9 +118,10 @@ class P3ParameterServer:
                  for i, s in enumerate(self.shards)], timeout=120)
         ray.get([w.configure.remote(i, model, loss_fn, x_ref, y_ref, batches, self.shards, policy=config.policy,
                                     slice_elements=config.slice_elements, bucket_bytes=config.bucket_bytes, link=link,
-                                    compute_sleep_s=compute_sleep_s)
+                                    compute_sleep_s=compute_sleep_s, credit_bytes=config.effective_credit_bytes,
+                                    transfer=config.ps_transfer, worker_cls=RayP3PSWorker)
                  for i, (w, batches) in enumerate(zip(self.workers, global_batches(batch_sizes, steps)))], timeout=120)
-        outs = ray.get([w.train.remote() for w in self.workers], timeout=timeout_s)
+        outs = ray.get([w.call.remote("train_and_parameters") for w in self.workers], timeout=timeout_s)
         values: dict[int, Tensor] = {}
         for part in ray.get([s.values.remote() for s in self.shards]):
             values.update(part)
@@ -131,7 +133,7 @@ class P3ParameterServer:
         """Median forward + backward seconds of an iteration (the slowest worker's, all computing at
         once as in training), without communication."""
         x_ref, y_ref = ray.put(x), ray.put(y)
-        times = ray.get([w.compute_times.remote(model, loss_fn, x_ref, y_ref, batches)
+        times = ray.get([w.call_fn.remote(measure_compute, model, loss_fn, x_ref, y_ref, batches, num_threads=1)
                          for w, batches in zip(self.workers, global_batches(batch_sizes, steps))], timeout=300)
         per_step = [max(vals) for vals in zip(*times)]
         return float(statistics.median(per_step[WARMUP_STEPS:] or per_step))

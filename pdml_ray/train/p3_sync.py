@@ -28,6 +28,12 @@ returns only when every bucket is reduced: the end-of-backward barrier. Here
   while later layers are still being reduced. The gain: the forward of the first layers overlaps the
   reduction of the rest; the reductions P3 moves forward are those still queued when backward ends.
 
+Baselines (``P3Config.policy``): ``fifo`` keeps backward order, one all-reduce per slice; ``bucketed``
+groups the slices as DDP groups parameters (``pdml_ray.p3.queue.ddp_buckets``: reverse order, buckets
+of ``bucket_bytes``) and reduces each bucket with one all-reduce over a copy of its slices once all of
+them are ready, in the order buckets complete. Both keep the per-layer waits of the next forward, so
+the three differ only in what goes on the wire when (plain DDP would add its end-of-backward barrier).
+
 Parameters after K steps equal FIFO's and single-process training's on the same global batches (the
 order changes timing only); ``tests/ray/test_p3_allreduce_ray.py`` checks both to 1e-5.
 
@@ -54,10 +60,11 @@ import torch.distributed as dist
 from torch import nn
 
 from pdml_ray.config.p3 import P3Config
-from pdml_ray.errors import ConfigError, UsageError
+from pdml_ray.errors import UsageError
 from pdml_ray.p3.auto import AutoChoice, tune
 from pdml_ray.p3.link import EmulatedLink, LinkModel
 from pdml_ray.p3.ps import model_layers
+from pdml_ray.p3.queue import ddp_buckets
 from pdml_ray.p3.simulate import send_order
 from pdml_ray.p3.slicing import SlicePlan, plan_slices, unflatten_layer
 from pdml_ray.train.wrappers import GradientCombiner, is_fsdp2
@@ -83,6 +90,12 @@ class IssuePlan:
     source: str  # how the order was made
     layer_ready_s: tuple[float, ...] = ()  # measured: seconds after the first layer was ready
     bandwidth_Bps: float | None = None
+    messages: tuple[tuple[int, ...], ...] = ()  # slices reduced together (``bucketed``); empty: one per slice
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The collectives in issue order, each the slices it reduces."""
+        return self.messages or tuple((i,) for i in self.order)
 
 
 def check_per_parameter(optimizer: torch.optim.Optimizer) -> None:
@@ -119,6 +132,18 @@ def split_optimizer(optimizer: torch.optim.Optimizer,
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """One slice's reduction, issued and not yet applied."""
+
+    step: int
+    index: int  # slice
+    work: Any  # the collective's handle (None on one rank)
+    arrival: float | None  # EMULATED arrival (perf_counter)
+    buffer: torch.Tensor | None  # a bucket's reduction buffer (None: the slice was reduced in place)
+    offset: int  # the slice's first element in ``buffer``
+
+
 @dataclass(slots=True)
 class _Layer:
     name: str
@@ -142,9 +167,6 @@ class P3AllReduce(GradientCombiner):
             raise UsageError("P3 ordering replaces DDP's and FSDP's own reduction: pass the plain module "
                              "(p3_sync.prepare(ctx, module, optimizer)), not a DDP or fully_shard model")
         self.config = config or P3Config()
-        if self.config.policy == "bucketed":
-            raise ConfigError("p3.policy 'bucketed' is the simulator's DDP baseline; for all-reduce use DDP itself "
-                              "(leave PDMLConfig.p3 unset) or choose 'p3' or 'fifo'")
         self.group = group
         distributed = dist.is_available() and dist.is_initialized()
         self.world_size = world_size if world_size is not None else (dist.get_world_size(group) if distributed else 1)
@@ -160,6 +182,11 @@ class P3AllReduce(GradientCombiner):
         # the warm-up (and the fifo policy): backward order, last layer's slices first
         backward = tuple(s.index for layer in reversed(range(len(self.layers))) for s in self.plan.slices_of(layer))
         self.issue_plan = IssuePlan(backward, "fifo", "backward order (the warm-up measures; fifo keeps it)")
+        if self.config.policy == "bucketed":  # DDP's buckets, each one collective once all its slices are ready
+            buckets = tuple(tuple(s.index for s in b) for b in ddp_buckets(self.plan, self.config.bucket_bytes))
+            self.issue_plan = IssuePlan(tuple(i for b in buckets for i in b), "bucketed",
+                                        f"DDP-like buckets of ~{self.config.bucket_bytes:,d} bytes in reverse parameter "
+                                        "order, one all-reduce each", messages=buckets)
         self._warm_ready: list[list[float]] = []  # per warm-up step 1..: each layer's ready time
         self.auto_choice: AutoChoice | None = None
         bw = self.config.emulated_bandwidth_gbps
@@ -173,8 +200,7 @@ class P3AllReduce(GradientCombiner):
         self.step = -1  # the step begun last
         self._layer_of = {id(p): i for i, layer in enumerate(self.layers) for p in layer.params}
         self._flats: list[torch.Tensor | None] = [None] * len(self.layers)
-        self._inflight: list[list[tuple[int, int, Any, float, float | None]]] = [[] for _ in self.layers]
-        # per layer: (step, slice, work, issued at, emulated arrival) of the update not applied yet
+        self._inflight: list[list[_Pending]] = [[] for _ in self.layers]  # per layer: reductions not applied yet
         self._done_at: dict[tuple[int, int], float] = {}  # (step, slice) -> when the real reduction finished
         # per step (``_reset_step``)
         self._remaining: list[int] = []  # parameters of each layer still to accumulate
@@ -280,26 +306,37 @@ class P3AllReduce(GradientCombiner):
         self._issue()
 
     def _issue(self) -> None:
-        order = self.issue_plan.order
-        while self._next < len(order) and self._ready[order[self._next]]:
-            s = self.plan.slices[order[self._next]]
-            flat = self._flats[s.layer]
-            assert flat is not None
+        groups = self.issue_plan.groups
+        while self._next < len(groups) and all(self._ready[i] for i in groups[self._next]):
+            items = [self.plan.slices[i] for i in groups[self._next]]
+            views = []
+            for s in items:
+                flat = self._flats[s.layer]
+                assert flat is not None
+                views.append(flat[s.start:s.stop])
+            # one slice: reduced in place; a bucket: one collective over a copy of its slices (as DDP's buffer)
+            buffer = torch.cat(views) if len(items) > 1 else None
             work = None
             if self.world_size > 1:
-                work = dist.all_reduce(flat[s.start:s.stop], group=self.group, async_op=True)
-                key = (self.step, s.index)
-                work.get_future().then(functools.partial(self._mark_done, key))
-            arrival = self.link.send(int(s.nbytes * self.wire_factor)) if self.link is not None else None
+                work = dist.all_reduce(buffer if buffer is not None else views[0], group=self.group, async_op=True)
+                keys = [(self.step, s.index) for s in items]
+                work.get_future().then(functools.partial(self._mark_done, keys))
+            nbytes = sum(s.nbytes for s in items)
+            arrival = self.link.send(int(nbytes * self.wire_factor)) if self.link is not None else None
             issued = time.perf_counter()
-            self._inflight[s.layer].append((self.step, s.index, work, issued, arrival))
+            offset = 0
+            for s in items:
+                self._inflight[s.layer].append(_Pending(self.step, s.index, work, arrival, buffer, offset))
+                offset += s.numel
+                if self.record_timeline:
+                    self.timeline.append(("issue", self.step, s.index, issued))
             self._first_issue = issued if self._first_issue is None else self._first_issue
-            if self.record_timeline:
-                self.timeline.append(("issue", self.step, s.index, issued))
             self._next += 1
 
-    def _mark_done(self, key: tuple[int, int], _future: Any) -> None:
-        self._done_at[key] = time.perf_counter()  # runs on the backend's thread: one dict store
+    def _mark_done(self, keys: list[tuple[int, int]], _future: Any) -> None:
+        now = time.perf_counter()  # runs on the backend's thread: dict stores only
+        for key in keys:
+            self._done_at[key] = now
 
     def _before_forward(self, i: int, _module: nn.Module, _args: Any) -> None:
         t0 = time.perf_counter()
@@ -314,17 +351,20 @@ class P3AllReduce(GradientCombiner):
         if not entries:
             return
         layer = self.layers[i]
-        for step, index, work, issued, arrival in entries:
-            if work is not None:
-                work.wait()
-            if arrival is not None and self.link is not None:
-                self.link.wait_until(arrival)
-            done = max(self._done_at.pop((step, index), time.perf_counter()), arrival or 0.0)
-            self._last_done = max(self._last_done or done, done)
-            if self.record_timeline:
-                self.timeline.append(("done", step, index, done))
         flat = self._flats[i]
         assert flat is not None
+        for e in entries:
+            if e.work is not None:
+                e.work.wait()
+            if e.arrival is not None and self.link is not None:
+                self.link.wait_until(e.arrival)
+            if e.buffer is not None:  # a bucket's slice: copy the reduced values back into the layer
+                s = self.plan.slices[e.index]
+                flat[s.start:s.stop].copy_(e.buffer[e.offset:e.offset + s.numel])
+            done = max(self._done_at.pop((e.step, e.index), time.perf_counter()), e.arrival or 0.0)
+            self._last_done = max(self._last_done or done, done)
+            if self.record_timeline:
+                self.timeline.append(("done", e.step, e.index, done))
         with torch.no_grad():
             for p, g in zip(layer.params, unflatten_layer(flat, layer.params)):
                 p.grad = g

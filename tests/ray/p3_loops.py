@@ -37,6 +37,9 @@ def p3_loop(config):
     model, p3 = prepare(ctx, base, make_optimizer(base), record_timeline=True)
     fifo_model = uneven_mlp()
     fifo = P3AllReduce(fifo_model, make_optimizer(fifo_model), P3Config(policy="fifo", slice_elements=20_000))
+    bucketed_model = uneven_mlp()  # DDP-like buckets: 2 x 20k-element slices each, some across layers
+    bucketed = P3AllReduce(bucketed_model, make_optimizer(bucketed_model),
+                           P3Config(policy="bucketed", slice_elements=20_000, bucket_bytes=160_000))
     mine, weights = [], []
     for batch in ctx.epoch(0, len(x)):
         with ctx.step(batch) as step:
@@ -44,12 +47,14 @@ def p3_loop(config):
         mine.append(batch.indices)
         weights.append(batch.grad_weight)
     p3.finish()
-    # FIFO order on the same batches and weights, afterwards (inside the loop it would crowd P3's timeline)
-    for indices, weight in zip(mine, weights):
-        fifo.begin(weight)
-        F.cross_entropy(fifo_model(x[indices]), y[indices]).backward()
-        fifo.end_backward()
-    fifo.finish()
+    # FIFO and bucketed orders on the same batches and weights, afterwards (inside the loop they would
+    # crowd P3's timeline)
+    for sync, other in ((fifo, fifo_model), (bucketed, bucketed_model)):
+        for indices, weight in zip(mine, weights):
+            sync.begin(weight)
+            F.cross_entropy(other(x[indices]), y[indices]).backward()
+            sync.end_backward()
+        sync.finish()
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)  # once at the end: a collective per step would sync the ranks
     batches = [np.concatenate([e[k] for e in everyone]) for k in range(len(mine))]
@@ -77,6 +82,7 @@ def p3_loop(config):
                 steps[step]["layer0_done"] = max(steps[step]["layer0_done"], t)
     with open(config["out"], "w") as f:
         json.dump({"p3_vs_reference": max_diff(model, reference), "fifo_vs_reference": max_diff(fifo_model, reference),
+                   "bucketed_vs_reference": max_diff(bucketed_model, reference),
                    "p3_vs_fifo": max_diff(model, fifo_model), "sizes": sizes, "steps": steps,
                    "order": list(p3.issue_plan.order), "policy": p3.issue_plan.policy,
                    "slice_layers": [s.layer for s in p3.plan.slices], "combiner": ctx._combiner.name}, f)

@@ -1,6 +1,6 @@
 """Runtime 2, P3 ordering for all-reduce: through real Ray Train workers (gloo, 2 ranks, node priorities
 with EMULATED speeds [1.0, 0.4] so the batches are unequal, an EMULATED 0.1 Gb/s link), P3 order and
-FIFO order give the parameters of single-process training on the same global batches (1e-5), and the
+FIFO order (and DDP-like buckets) give the parameters of single-process training on the same global batches (1e-5), and the
 next forward's first layer starts before the last slice of the previous step is reduced.
 
 The first tests drive ``P3AllReduce`` in one process (no Ray): per-layer optimizers, refusals."""
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pdml_ray.config import NodePriorityConfig, P3Config, PDMLConfig
-from pdml_ray.errors import ConfigError, UsageError
+from pdml_ray.errors import UsageError
 from pdml_ray.train import PDMLTrainer
 from pdml_ray.train.p3_sync import WARMUP_STEPS, P3AllReduce, model_layers, split_optimizer
 
@@ -31,13 +31,16 @@ class WithUnusedLayer(torch.nn.Module):
         return self.body(x)
 
 
+@pytest.mark.parametrize("policy", ["p3", "bucketed"])
 @pytest.mark.parametrize("make_opt", [lambda p: torch.optim.Adam(p, lr=1e-2),
                                       lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True)])
-def test_per_layer_updates_equal_one_optimizer_over_the_model(make_opt):
+def test_per_layer_updates_equal_one_optimizer_over_the_model(make_opt, policy):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g)
     model, reference = WithUnusedLayer(), WithUnusedLayer()
-    sync = P3AllReduce(model, make_opt(model.parameters()), P3Config(slice_elements=50), world_size=1)
+    # bucketed: 600-byte buckets of 200-byte slices, some spanning two layers
+    sync = P3AllReduce(model, make_opt(model.parameters()), P3Config(policy=policy, slice_elements=50, bucket_bytes=600),
+                       world_size=1)
     opt = make_opt(reference.parameters())
     for step in range(5):
         part = slice(step * 12, step * 12 + 12)
@@ -55,7 +58,11 @@ def test_per_layer_updates_equal_one_optimizer_over_the_model(make_opt):
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p, q, atol=1e-6), (p - q).abs().max()
     assert [name for name, _, _ in model_layers(model)] == ["body.0", "body.2", "spare"]
-    assert sync.issue_plan.policy == "p3" and sorted(sync.issue_plan.order) == list(range(len(sync.plan.slices)))
+    assert sync.issue_plan.policy == policy and sorted(sync.issue_plan.order) == list(range(len(sync.plan.slices)))
+    if policy == "bucketed":
+        groups = sync.issue_plan.groups
+        assert len(groups) > 1 and any(len({sync.plan.slices[i].layer for i in g}) > 1 for g in groups)
+        assert groups[0][-1] == len(sync.plan.slices) - 1  # the last slices first, as DDP's buckets
 
 
 def test_auto_picks_slices_and_credit_from_the_emulated_link_after_the_warm_up():
@@ -88,8 +95,6 @@ def test_optimizers_that_are_not_per_parameter_and_wrappers_are_refused():
     model = uneven_mlp()
     with pytest.raises(UsageError, match="per parameter"):
         P3AllReduce(model, torch.optim.LBFGS(model.parameters()), world_size=1)
-    with pytest.raises(ConfigError, match="DDP"):
-        P3AllReduce(model, torch.optim.SGD(model.parameters(), lr=0.1), P3Config(policy="bucketed"), world_size=1)
     groups = split_optimizer(torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.5},
                                               {"params": model[2].parameters()}], lr=0.1),
                              [list(model[0].parameters()), list(model[2].parameters()), list(model[4].parameters())])
@@ -120,6 +125,7 @@ def test_p3_and_fifo_orders_train_the_single_process_model_on_unequal_batches(ru
     assert run["p3_vs_reference"] < 1e-5, run
     assert run["fifo_vs_reference"] < 1e-5, run
     assert run["p3_vs_fifo"] < 1e-5, run
+    assert run["bucketed_vs_reference"] < 1e-5, run
 
 
 def test_the_p3_order_puts_the_first_layer_before_the_bulk_of_the_large_one(run):

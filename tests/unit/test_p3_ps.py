@@ -33,7 +33,7 @@ def batches(worker: int):
     return [(k * total + offset, SIZES[worker], SIZES[worker] / total) for k in range(STEPS)]
 
 
-def train_ps(policy: str, num_shards: int, link: LinkModel | None = None):
+def train_ps(policy: str, num_shards: int, link: LinkModel | None = None, **kwargs):
     x, y = data()
     sgd = SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3)
     plan = layer_plan(small_model(), 300)
@@ -41,7 +41,7 @@ def train_ps(policy: str, num_shards: int, link: LinkModel | None = None):
     shards = [ShardState(s, num_shards, plan, layers, len(SIZES), sgd) for s in range(num_shards)]
     transport = LocalTransport(shards)
     workers = [P3PSWorker(w, small_model(), F.cross_entropy, x, y, batches(w), transport, num_shards, policy=policy,
-                          slice_elements=300, bucket_bytes=2000, link=link) for w in range(len(SIZES))]
+                          slice_elements=300, bucket_bytes=2000, link=link, **kwargs) for w in range(len(SIZES))]
     runs = [None, None]
 
     def go(w):
@@ -77,6 +77,26 @@ def test_every_policy_trains_the_single_process_parameters(policy):
     assert sum(s.updates for s in shards) == STEPS * len(workers[0].plan.slices)
     # round-robin: each shard holds every other slice
     assert [s.index for s in shards[1].slices] == [i for i in range(len(workers[0].plan.slices)) if shard_of(i, 2) == 1]
+
+
+@pytest.mark.parametrize("transfer", ["layer", "message"])
+@pytest.mark.parametrize("credit_slices", [None, 3])
+def test_every_window_and_transfer_trains_the_single_process_parameters(transfer, credit_slices):
+    link = LinkModel(bandwidth_Bps=2e7)  # EMULATED: several messages on the modelled wire at once with a window
+    credit = credit_slices * 1200 if credit_slices else None
+    workers, _, runs = train_ps("p3", num_shards=2, link=link, credit_bytes=credit, transfer=transfer)
+    want = reference()
+    for w in workers:
+        assert (w.parameters_vector() - want).abs().max().item() < 1e-5
+    sent = [t for kind, s, i, t in runs[0].timeline if kind == "sent" and s == 1]
+    assert len(sent) == len(workers[0].plan.slices)  # every slice of a step went through the EMULATED uplink
+
+
+def test_the_window_bounds_the_bytes_on_the_emulated_link():
+    link = LinkModel(bandwidth_Bps=1e6)  # 1.2 ms per 1.2 KB slice: a backlog builds up behind the window
+    workers, _, _ = train_ps("p3", num_shards=2, link=link, credit_bytes=2 * 1200)
+    for w in workers:  # the last round's queues: never more than the window in flight (a lone message may exceed it)
+        assert 1200 < w._up.max_in_flight_bytes <= 2 * 1200 and 0 < w._down.max_in_flight_bytes <= 2 * 1200
 
 
 def test_p3_first_layer_forward_starts_before_the_last_update_arrives():
