@@ -29,12 +29,15 @@ else
     echo "install_test_tools: not root and no password-less sudo; not installing:$missing (their tests skip)"
     exit 0
 fi
-echo "install_test_tools: installing$missing with apt-get"
+echo "install_test_tools: installing$missing with apt-get (at most 10 minutes)"
 export DEBIAN_FRONTEND=noninteractive
-if $SUDO apt-get update -qq >/dev/null 2>&1 \
-        && $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null 2>&1; then
+# bounded: a mirror that does not answer must not hold the build (apt's own timeouts are per try)
+LIMIT=""
+command -v timeout >/dev/null 2>&1 && LIMIT="timeout 600"
+if $LIMIT $SUDO apt-get update -qq >/dev/null 2>&1 \
+        && $LIMIT $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null 2>&1; then
     echo "install_test_tools: installed$missing"
 else
-    echo "install_test_tools: apt-get could not install$missing (offline?); their tests skip"
+    echo "install_test_tools: apt-get could not install$missing (offline, or over the time limit?); their tests skip"
 fi
 exit 0
