@@ -12,7 +12,8 @@ Layers (imports only point down; ``tests/unit/test_layering.py`` enforces it):
     pdml_ray/actors/                        thin Ray actor shells around core classes
     pdml_ray/metrics.py                     ray.util.metrics export of the stats records
     ---- nothing below imports ray ----
-    pdml_ray/scheduler.py, client.py        the controller (a registry of derivers); its worker-side client
+    pdml_ray/scheduler.py, client.py        the controller (a registry of derivers; its records and report log:
+                                            scheduler_stats.py); its worker-side client
     pdml_ray/priority/, pdml_ray/pipeline/  derivers (node, sample, gradient) and their estimators; pipeline plans
     pdml_ray/stragglers/, pdml_ray/p3/      straggler policies and gradient codes; P3 slicing, queues, link model
     pdml_ray/config/, decisions.py, batching.py, emulation.py, errors.py

@@ -2,7 +2,7 @@
 
 Osprey smooths each (stage, replica, kind) latency (seconds), sample priorities each sample's loss
 (``score='loss_ema'``; ``'loss'`` is the same EMA with ``alpha = 1``). (Node priorities fit a line
-per worker instead, ``node.StepTimeFit``: a step time has a fixed and a per-sample part, which one
+per worker instead, ``step_fit.StepTimeFit``: a step time has a fixed and a per-sample part, which one
 smoothed rate cannot tell apart.) Both share one rule:
 
     first observation of a slot:   value <- x                       (replaces the prior outright)

@@ -26,7 +26,7 @@ class DeriverEntry:
 
 DERIVERS: dict[str, DeriverEntry] = {
     "node": DeriverEntry("pdml_ray.priority.node:NodePriorityDeriver", "node_priority"),
-    "sample": DeriverEntry("pdml_ray.priority.sample:SamplePriorityDeriver", "sample_priority"),
+    "sample": DeriverEntry("pdml_ray.priority.sample_deriver:SamplePriorityDeriver", "sample_priority"),
     "gradient": DeriverEntry("pdml_ray.priority.gradient:GradientPriorityDeriver", "gradient_priority"),
 }
 

@@ -1,35 +1,15 @@
 """Sample priorities: draw each step's global batch by per-sample loss, with importance weights.
 
-Sampling distribution over the N samples of the data set::
-
-    p_i = (1 - mix) * s_i^alpha / sum_j s_j^alpha + mix / N
-
-with s_i the sample's score (its last loss, or an EMA of its losses), alpha the temperature
-(``SamplePriorityConfig.exponent``) and ``mix`` the uniform floor (raised for a while after a
-continuity collapse). Importance weights ``w_i = (N p_i)^(-beta)`` are divided by their maximum over
-the step; beta anneals linearly from ``is_exponent_start`` to ``is_exponent_end`` (default 1) over
-``is_anneal_steps``.
-
-Unbiasedness. With replacement (the default) the draws are i.i.d. from p, so with beta = 1
-``mean_j f(x_j) / (N p(x_j))`` is an exactly unbiased estimate of ``mean_i f(i)`` for any per-sample
-quantity f (a loss, a gradient). The max-normalisation of the weights multiplies that estimate by
-one positive number per step (a learning-rate factor; ``probabilities`` gives the raw p). Without
-replacement (``replacement=False``) a step's indices are distinct and the same weights are used: a
-small bias that vanishes as B / N -> 0. (A step larger than the data set takes every sample, some more
-than once, and is counted in ``distinct_shortfalls``: plans keep coming.)
+This module holds the table (``SamplePrioritizer``: scores, feedback, staleness, continuity,
+checkpoints) and its stats record; the distribution p, the draws and the plans with their importance
+weights are its drawing half (``SampleDraws``, ``pdml_ray.priority.sample_draws``), and the
+scheduler's "sample" deriver around one table is ``pdml_ray.priority.sample_deriver``.
 
 Bad input. Per-sample losses are checked whole before anything is written (``feedback_problem``):
 indices in [0, N), and no loss above ``max_loss``, the largest whose weight s^alpha keeps every sum
 over the table finite (1e300 / N, to the power 1 / alpha for alpha > 1). The scheduler runs the same
 check per report (``SamplePriorityDeriver.report_rejection``), so a refused report is counted and the
 rest of its batch applied; a checkpoint's scores are checked the same way before they are loaded.
-
-Never-seen samples score the maximum score seen so far (``unseen_score='max'``, the default), so
-they are drawn early: the first epoch visits (nearly) every sample before the sampler can focus.
-``unseen_score='mean'`` gives them the mean seen score instead, so high-loss samples are exploited
-as soon as they are found. Either way the unseen samples form one group (count U, each weighing
-M^alpha) outside the sum-tree, so a new maximum costs O(1), not O(N); a draw from the group picks
-uniformly among unseen samples by rejection from a lazily compacted list.
 
 Staleness. Scores not refreshed for ``stale_after`` steps decay towards the mean score:
 ``s <- mean + (s - mean) * (1 - staleness_decay)^steps``. The decay is applied in sweeps over a
@@ -52,41 +32,26 @@ bookkeeping counts as continuity cost (``continuity_seconds``, ``continuity_upda
 pulled towards their median (O(N), only on a collapse), and the uniform mix is raised for
 ``recalibration_steps`` steps.
 A collapse seen again while that raised mix holds is counted but not acted on twice.
-
-Wiring: ``SamplePriorityDeriver`` is the scheduler's "sample" deriver around one table. At each
-decision boundary it hands out ``plans(first_step, k, batch_sizes)`` sized by the node decision:
-worker i gets ``indices[i]`` and ``weights[i]`` (loss_i = mean(weights[i] * per_sample_loss), or the
-self-normalised sum(w l) / sum(w)); workers report ``WorkerReport.sample_indices/sample_losses``,
-which go to ``update(indices, losses, step)``; ``state_dict()`` goes into the checkpoint.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from pdml_ray.config import ContinuityConfig, PDMLConfig, SamplePriorityConfig
-from pdml_ray.decisions import (Boundary, Decision, NodeDecision, Rejection, SampleDecision, SamplePlan,
-                                WorkerReport)
-from pdml_ray.errors import ConfigError, PlanError, ReportError, StateError
-from pdml_ray.priority.base import Deriver, GaugeValue
+from pdml_ray.config import ContinuityConfig, SamplePriorityConfig
+from pdml_ray.errors import ConfigError, ReportError, StateError
+from pdml_ray.priority.base import GaugeValue
 from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, RunningSquares, dot,
                                           recalibrate_priorities)
 from pdml_ray.priority.estimators import EMA
+from pdml_ray.priority.sample_draws import SampleDraws
 from pdml_ray.priority.sumtree import SumTree
 
-logger = logging.getLogger(__name__)
-
-_MAX_PLAN_SAMPLES = 1 << 28  # indices one plans() call may hand out (2 GiB of int64 plus weights)
-
-_MAX_REJECTION_ROUNDS = 64
 _MAX_MASS = 1e300
 """Largest total sampling mass (sum of s^alpha, and sum of scores) the table lets in: below float64's
 overflow with room for the unseen group's mass, so no sum the sampler or a checkpoint holds is inf."""
@@ -144,7 +109,7 @@ class SampleStats:
         return out
 
 
-class SamplePrioritizer:
+class SamplePrioritizer(SampleDraws):
     """The cluster-wide per-sample score table and the sampler built on it (pure numpy, no Ray)."""
 
     def __init__(self, num_samples: int, config: SamplePriorityConfig | None = None,
@@ -198,154 +163,9 @@ class SamplePrioritizer:
         """(N,) bool: the sample has reported a loss at least once."""
         return self._scores.measured
 
-    # ------------------------------------------------------------------ distribution
+    # ------------------------------------------------------------------ distribution (p, draws: SampleDraws)
     def _weight(self, scores: np.ndarray | float) -> np.ndarray:
         return np.power(scores, self.config.exponent, dtype=np.float64)
-
-    def _unseen_weight(self) -> float:
-        if self.config.unseen_score == "mean":
-            seen = self.num_samples - self.unseen_count
-            score = self.seen_sum / seen if seen else 0.0
-        else:
-            score = self.max_score
-        # Before any loss arrives (or while all are 0) every unseen sample weighs 1: uniform among them.
-        return float(score) ** self.config.exponent if score > 0 else 1.0
-
-    def mix(self, step: int) -> float:
-        """Uniform mix in effect at ``step`` (raised while a recalibration holds)."""
-        return max(self.config.uniform_mix, self.recal_mix) if step < self.recal_until else self.config.uniform_mix
-
-    def beta(self, step: int) -> float:
-        """Importance-weight exponent at ``step``: linear from is_exponent_start to is_exponent_end."""
-        c = self.config
-        if c.is_anneal_steps == 0:
-            return c.is_exponent_end
-        frac = min(1.0, max(step, 0) / c.is_anneal_steps)
-        return c.is_exponent_end if frac >= 1.0 else c.is_exponent_start + (c.is_exponent_end - c.is_exponent_start) * frac
-
-    def _mass(self) -> tuple[float, float]:
-        """(tree mass, unseen-group mass): sum of s^alpha over seen samples, U * M^alpha."""
-        return self.tree.total, self.unseen_count * self._unseen_weight()
-
-    def probabilities(self, indices: np.ndarray, step: int) -> np.ndarray:
-        """p_i of ``indices`` (float64, same shape) under the distribution used at ``step``."""
-        idx = np.asarray(indices, dtype=np.int64)
-        mix = self.mix(step)
-        tree_mass, unseen_mass = self._mass()
-        z = tree_mass + unseen_mass
-        if not z > 0:
-            return np.full(idx.shape, 1.0 / self.num_samples)
-        w = np.where(self.seen[idx], self.tree.values(idx), self._unseen_weight())
-        return (1.0 - mix) * w / z + mix / self.num_samples
-
-    # ------------------------------------------------------------------ drawing
-    def _draw_unseen(self, count: int) -> np.ndarray:
-        """``count`` unseen samples, uniform among the unseen, with replacement."""
-        out, have = np.empty(count, dtype=np.int64), 0
-        while have < count:
-            cand = self._unseen_list[self.rng.integers(0, self._unseen_list.size, size=2 * (count - have))]
-            cand = cand[~self.seen[cand]][:count - have]  # list holds >= 1/2 unseen (compacted in update)
-            out[have:have + cand.size] = cand
-            have += cand.size
-        return out
-
-    def _draw(self, count: int, mix: float) -> np.ndarray:
-        """``count`` i.i.d. draws from p (int64, (count,)), in random order."""
-        tree_mass, unseen_mass = self._mass()
-        z = tree_mass + unseen_mass
-        if not z > 0:  # every score is 0 and nothing unseen: no priority information, sample uniformly
-            self.uniform_fallbacks += 1
-            mix = 1.0
-        n_uniform = int(self.rng.binomial(count, mix)) if mix < 1.0 else count
-        n_unseen = int(self.rng.binomial(count - n_uniform, unseen_mass / z)) if z > 0 else 0
-        n_tree = count - n_uniform - n_unseen
-        parts = [self.rng.integers(0, self.num_samples, size=n_uniform)]
-        if n_unseen:
-            parts.append(self._draw_unseen(n_unseen))
-        if n_tree:
-            parts.append(self.tree.draw(n_tree, self.rng))
-        return self.rng.permutation(np.concatenate(parts))
-
-    def _draw_distinct(self, count: int, mix: float) -> np.ndarray:
-        """``count`` distinct samples: repeated draws from p, duplicates rejected (``replacement=False``).
-
-        A step larger than the data set cannot be distinct: it gets every sample ``count // N`` times
-        (in random order) plus ``count % N`` distinct draws, i.e. as distinct as it can be, and the
-        shortfall is counted (``distinct_shortfalls``) rather than failing every plan."""
-        n = self.num_samples
-        if count > n:
-            if self.distinct_shortfalls == 0:
-                logger.warning("sample_priority.replacement=False but a step takes %d samples from a data set of %d: "
-                               "each sample is used about %d times per step; raise the data set size or lower the "
-                               "global batch size", count, n, count // n)
-            self.distinct_shortfalls += 1
-            whole = [self.rng.permutation(n) for _ in range(count // n)]
-            return self.rng.permutation(np.concatenate(whole + [self._draw_distinct(count % n, mix)]))
-        taken = np.zeros(self.num_samples, dtype=bool)
-        chosen = np.empty(0, dtype=np.int64)
-        for _ in range(_MAX_REJECTION_ROUNDS):
-            need = count - chosen.size
-            if need == 0:
-                break
-            cand = self._draw(2 * need, mix)
-            cand = cand[~taken[cand]]
-            _, first = np.unique(cand, return_index=True)
-            cand = cand[np.sort(first)][:need]  # keep draw order among the new distinct ones
-            taken[cand] = True
-            chosen = np.concatenate([chosen, cand])
-        if chosen.size < count:  # a very peaked p keeps redrawing the same items: fill uniformly
-            rest = np.flatnonzero(~taken)
-            chosen = np.concatenate([chosen, self.rng.choice(rest, size=count - chosen.size, replace=False)])
-        return chosen
-
-    def plan(self, step: int, batch_sizes: Sequence[int]) -> SamplePlan:
-        """Indices and importance weights for every worker at ``step``; worker i gets ``batch_sizes[i]``."""
-        return self.plans(step, 1, batch_sizes)[0]
-
-    def plans(self, first_step: int, num_steps: int, batch_sizes: Sequence[int]) -> list[SamplePlan]:
-        """Plans for ``num_steps`` consecutive steps from the current scores, as a scheduler hands them
-        out once per decision interval. With replacement all of them come from one draw (one tree
-        descent instead of one per step); the distribution, including the uniform mix, is the one in
-        effect at ``first_step``, and beta is annealed per step."""
-        def integer(x: object) -> bool:
-            return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-        if not (isinstance(batch_sizes, (list, tuple, np.ndarray)) and len(batch_sizes) >= 1
-                and all(integer(b) and b >= 0 for b in batch_sizes)):
-            raise PlanError(f"batch_sizes must be a non-empty sequence of integers >= 0 (one per worker), "
-                            f"got {batch_sizes!r}")
-        if not (integer(num_steps) and num_steps >= 1):
-            raise PlanError(f"num_steps must be an integer >= 1, got {num_steps!r}")
-        if not (integer(first_step) and first_step >= 0):
-            raise PlanError(f"first_step must be an integer >= 0, got {first_step!r}")
-        sizes = [int(b) for b in batch_sizes]
-        total = sum(sizes)
-        if total * num_steps > _MAX_PLAN_SAMPLES:
-            raise PlanError(f"plans for {num_steps} steps of {total} samples ({total * num_steps} indices) exceed "
-                            f"{_MAX_PLAN_SAMPLES}; lower the decision interval or the global batch size")
-        mix = self.mix(first_step)
-        if self.config.replacement:
-            drawn = self._draw(total * num_steps, mix)
-            p_drawn = self.probabilities(drawn, first_step)
-        bounds = [0, *itertools.accumulate(sizes)]  # worker i gets [bounds[i], bounds[i+1])
-        out = []
-        for k in range(num_steps):
-            if self.config.replacement:
-                indices, p = drawn[k * total:(k + 1) * total], p_drawn[k * total:(k + 1) * total]
-            else:
-                indices = self._draw_distinct(total, mix)
-                p = self.probabilities(indices, first_step)
-            beta = self.beta(first_step + k)
-            # (N p)^-beta; the floor only matters for a uniform fill of replacement=False at mix 0 (p = 0)
-            weights = np.power(np.maximum(self.num_samples * p, 1e-12), -beta)
-            if weights.size:
-                weights /= weights.max()
-            weights = weights.astype(np.float32)
-            out.append(SamplePlan(step=first_step + k, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
-                                  weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:]))))
-        self.samples_drawn += total * num_steps
-        self._last_mix, self._last_beta = mix, self.beta(first_step + num_steps - 1)
-        return out
 
     # ------------------------------------------------------------------ feedback
     def update(self, indices: np.ndarray, losses: np.ndarray, step: int) -> ContinuityVerdict | None:
@@ -571,63 +391,3 @@ class SamplePrioritizer:
             self.monitor.checks, self.monitor.collapsed_flat = int(m["checks"]), int(m["collapsed_flat"])
             self.monitor.collapsed_peaked = int(m["collapsed_peaked"])
             self.monitor.rng.bit_generator.state = m["rng"]
-
-
-class SamplePriorityDeriver(Deriver):
-    """The scheduler's "sample" deriver: one ``SamplePrioritizer`` table, created when rank 0 says the
-    data set size; plans for each decision interval sized by the node decision in force."""
-
-    name = "sample"
-    keep_history = False  # each decision holds a whole interval's plans: too large to keep them all
-
-    def __init__(self, config: PDMLConfig, num_workers: int) -> None:
-        super().__init__(config, num_workers)
-        self.table: SamplePrioritizer | None = None
-
-    def on_dataset(self, num_samples: int) -> None:
-        if self.table is None or self.table.num_samples != num_samples:
-            assert self.config.sample_priority is not None  # the registry builds this deriver only when enabled
-            self.table = SamplePrioritizer(num_samples, self.config.sample_priority, self.config.continuity,
-                                           seed=self.config.seed)
-
-    def report_rejection(self, report: WorkerReport) -> Rejection | None:
-        """The table's own check of one report's per-sample feedback (the scheduler calls it before any
-        deriver ingests the report, so a refused report is counted and never half-applied)."""
-        if self.table is None or report.sample_indices is None or report.sample_losses is None:
-            return None
-        problem = self.table.feedback_problem(np.asarray(report.sample_indices, dtype=np.int64).ravel(),
-                                              np.asarray(report.sample_losses, dtype=np.float64).ravel())
-        if problem is None:
-            return None
-        return Rejection("sample_losses", f"worker {report.worker_id} step {report.step}: {problem}")
-
-    def ingest(self, reports: Sequence[WorkerReport]) -> None:
-        """All per-sample losses of a report batch go into the table in one update."""
-        if self.table is None or not reports:
-            return
-        feedback = [r for r in reports if r.sample_indices is not None]
-        if feedback:
-            last_step = max(r.step for r in reports)
-            self.table.update(np.concatenate([r.sample_indices for r in feedback]),
-                              np.concatenate([r.sample_losses for r in feedback]), last_step)
-
-    def decide(self, boundary: Boundary, earlier: Mapping[str, Decision]) -> SampleDecision | None:
-        if self.table is None:
-            return None
-        node = earlier.get("node")
-        sizes = node.batch_sizes if isinstance(node, NodeDecision) else boundary.batch_sizes
-        plans = self.table.plans(boundary.first_step, boundary.num_steps, sizes)
-        return SampleDecision(version=0, effective_step=0, plans=tuple(plans))
-
-    def stats(self) -> SampleStats | None:
-        return self.table.stats() if self.table is not None else None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"table": self.table.state_dict() if self.table is not None else None}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        table = state.get("table")
-        if table is not None:
-            self.on_dataset(int(table["num_samples"]))
-            assert self.table is not None
-            self.table.load_state_dict(table)

@@ -23,7 +23,8 @@ from torch import nn
 from pdml_ray.pipeline.faults import Reroute, exclude_replicas
 from pdml_ray.pipeline.plan import Kind, Measurement, Plan
 from pdml_ray.pipeline.registry import make_scheduler
-from pdml_ray.runtime.pipeline import PipelineFaultError, PipelineRuntime
+from pdml_ray.runtime.pipeline import PipelineRuntime
+from pdml_ray.runtime.pipeline_faults import PipelineFaultError
 
 pytestmark = pytest.mark.ray
 

@@ -79,7 +79,7 @@ def test_newer_derivers_and_the_decision_latency_are_exported():
 
 
 def test_recent_worker_times_are_means_over_the_newest_rows_and_leave_out_silent_workers():
-    from pdml_ray.scheduler import recent_worker_times
+    from pdml_ray.scheduler_stats import recent_worker_times
 
     nan = float("nan")
     rows = [[0, 3, 10, 0.1, 0.2, 0.5, 0, 1], [1, 3, 10, 0.3, 0.0, nan, 0, 1], [0, 4, 10, 0.3, 0.4, 0.7, 0, 1]]

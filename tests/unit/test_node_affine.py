@@ -13,7 +13,8 @@ from pdml_ray.batching import balance_affine, predicted_step_s, round_to_batch_s
 from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.decisions import Boundary, WorkerReport
 from pdml_ray.errors import ConfigError, PlanError, StateError
-from pdml_ray.priority.node import NodePriorityDeriver, StepTimeFit
+from pdml_ray.priority.node import NodePriorityDeriver
+from pdml_ray.priority.step_fit import StepTimeFit
 
 
 def _deriver(n: int, types=None, **cfg) -> NodePriorityDeriver:

@@ -167,7 +167,7 @@ def test_stats_say_what_the_run_emulates_in_the_summary_and_every_gauges_help_te
 
 
 def test_the_report_log_keeps_the_newest_rows_in_a_fixed_buffer():
-    from pdml_ray.scheduler import ReportLog
+    from pdml_ray.scheduler_stats import ReportLog
 
     log = ReportLog(3)
     assert log.rows().shape == (0, 8) and len(log) == 0
@@ -223,7 +223,7 @@ def test_the_fast_validation_path_refuses_what_the_full_checks_refuse(bad):
 
 
 def test_the_report_log_extends_in_blocks_and_wraps_as_row_by_row():
-    from pdml_ray.scheduler import ReportLog
+    from pdml_ray.scheduler_stats import ReportLog
 
     one, block = ReportLog(5), ReportLog(5)
     rows = [(k,) * 8 for k in range(13)]
