@@ -25,8 +25,13 @@ process:
 **Real transfer and EMULATED link.** Every gradient slice really goes to its shard (a Ray actor call
 in the runtime) and every updated slice really comes back; *when* it counts as arrived is the
 EMULATED link's business: a slice is at the shard when the link model says its message has arrived,
-and its update enters the downlink's send queue once it is at the shard *and* the shard's answer is
-back. ``transfer`` says when the real push is made:
+and its update enters the downlink's send queue at that moment (the shard has applied it, in the
+model); it has arrived when the downlink model says so *and* the shard's real answer is back,
+whichever is later. Ray's transfer of the value happens during the modelled one, not after it: the
+answer to a layer's push is one call that waits for every worker's push of that layer, which for
+the large last layer took ~60 ms on a 2-core machine, and waiting for it before starting the modelled
+download counted the transfer twice, on P3's critical path (the last layer is the last the next
+forward needs). ``transfer`` says when the real push is made:
 
 - ``layer`` (default): one call per layer and shard as soon as the layer's gradient exists. The real
   work is then the same for every send policy (one call per layer and shard), so the policies differ
@@ -55,6 +60,7 @@ overtakeable: a newly ready slice of higher priority overtakes everything queued
 from __future__ import annotations
 
 import functools
+import gc
 import heapq
 import itertools
 import threading
@@ -189,7 +195,9 @@ class WorkerRun:
     losses: list[float] = field(default_factory=list)
     timeline: list[tuple[str, int, int, float]] = field(default_factory=list)
     """(kind, step, layer or slice, time): ``forward`` (a layer's forward starts), ``ready`` (a layer's
-    gradient), ``sent`` (a slice went on the uplink), ``arrived`` (an updated slice back)."""
+    gradient), ``pushed`` (a slice's real push to its shard was made), ``sent`` (a slice went on the
+    EMULATED uplink), ``pulled`` (its shard's answer, the updated value, is back: real), ``arrived``
+    (the updated slice is through the EMULATED downlink and its value is here)."""
     end: float = 0.0  # the last step's updates all applied
 
     @property
@@ -247,10 +255,9 @@ class P3PSWorker:
         self._down: SendQueue = make_queue(policy, self.plan, self.credit_bytes, bucket_bytes)
         self._grads: dict[int, Tensor] = {}  # slice -> weighted gradient slice of the current round
         self._values: dict[int, Tensor] = {}  # slice -> updated value back from its shard
-        self._at_shard: set[int] = set()  # slices of the current round whose EMULATED upload is over
+        self._unpulled: set[int] = set()  # slices through the EMULATED downlink whose real value is not back yet
         self._ready_at: dict[str, dict[int, float]] = {"up": {}, "down": {}}  # slice -> ready to send (perf_counter)
         self._freed_at = {"up": 0.0, "down": 0.0}  # the modelled arrival that last freed room in each window
-        self._pulled_at: dict[int, float] = {}  # slice -> when the shard's answer came back
         self._to_prepare: list[tuple[int, int, list[Tensor], float]] = []  # (step, layer, grads, weight) to cut
         self._arrived: set[int] = set()  # slices of the current round whose update has arrived
         self._applied: set[int] = set()  # layers whose update of the previous round is in the parameters
@@ -271,7 +278,14 @@ class P3PSWorker:
 
     # ---- the training loop ------------------------------------------------------------------------
     def train(self) -> WorkerRun:
-        """Every step of ``batches``; returns the measurements once the last update is applied."""
+        """Every step of ``batches``; returns the measurements once the last update is applied.
+
+        The objects alive at the start (Ray's and torch's modules, the model, the data set) are frozen
+        out of Python's garbage collector for the run (``gc.freeze``), as Megatron-LM's manual GC does
+        for the same reason: a full collection scanning them took 100-140 ms in a worker actor, a
+        stall in one step of eight that the other worker, waiting at the shards, shared."""
+        gc.collect()
+        gc.freeze()  # what exists now (modules, model, data) is left out of later collections: see ``train``
         try:
             for step, (first, rows, weight) in enumerate(self.batches):
                 self.run.step_starts.append(time.perf_counter())
@@ -290,6 +304,7 @@ class P3PSWorker:
             self._check()
             return self.run
         finally:
+            gc.unfreeze()
             self.close()
 
     def parameters_vector(self) -> Tensor:
@@ -313,7 +328,7 @@ class P3PSWorker:
             self._down = make_queue(self.policy, self.plan, self.credit_bytes, self.bucket_bytes)
             self._grads.clear()
             self._values.clear()
-            self._at_shard.clear()
+            self._unpulled.clear()
             self._ready_at = {"up": {}, "down": {}}
             self._arrived.clear()
             self._applied.clear()
@@ -401,14 +416,14 @@ class P3PSWorker:
                             queue.ack(message)
                             self._freed_at[direction] = max(self._freed_at[direction], arrival)
                             for s in message.slices:
-                                if up:  # at the shard now: its update may go down once applied
-                                    self._at_shard.add(s.index)
-                                    if s.index in self._values:
-                                        self._ready_at["down"][s.index] = max(arrival, self._pulled_at[s.index])
-                                        self._down.push(s)
-                                else:
+                                if up:  # at the shard now: in the model its update goes down at once
+                                    self._ready_at["down"][s.index] = arrival
+                                    self._down.push(s)
+                                elif s.index in self._values:
                                     self._arrived.add(s.index)
                                     self.run.timeline.append(("arrived", step, s.index, now))
+                                else:  # the modelled download is over; arrived once the real value is back
+                                    self._unpulled.add(s.index)
                         self._cond.notify_all()
         except BaseException as e:  # surfaced by the training loop, which would otherwise wait forever
             with self._cond:
@@ -423,6 +438,8 @@ class P3PSWorker:
             by_shard.setdefault(shard_of(s.index, self.num_shards), []).append(s)
         with self._cond:
             grads = {s.index: self._grads[s.index] for s in items}
+            now = time.perf_counter()
+            self.run.timeline += [("pushed", step, s.index, now) for s in items]
         for shard, slices in by_shard.items():
             ids = [s.index for s in slices]
             future = self.transport.push(shard, step, self.worker, ids, [grads[i] for i in ids])
@@ -442,10 +459,11 @@ class P3PSWorker:
             now = time.perf_counter()
             for s, v in zip(slices, values):
                 self._values[s.index] = v
-                self._pulled_at[s.index] = now
-                if s.index in self._at_shard:  # its EMULATED upload is over too
-                    self._ready_at["down"][s.index] = now
-                    self._down.push(s)
+                self.run.timeline.append(("pulled", step, s.index, now))
+                if s.index in self._unpulled:  # its EMULATED download was over before the real value came
+                    self._unpulled.discard(s.index)
+                    self._arrived.add(s.index)
+                    self.run.timeline.append(("arrived", step, s.index, now))
             self._cond.notify_all()
 
     # ---- forward side -----------------------------------------------------------------------------

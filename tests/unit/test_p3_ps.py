@@ -4,6 +4,7 @@ every send policy; an EMULATED slow link makes P3's forward of layer 0 start bef
 arrives."""
 
 import threading
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -33,13 +34,13 @@ def batches(worker: int):
     return [(k * total + offset, SIZES[worker], SIZES[worker] / total) for k in range(STEPS)]
 
 
-def train_ps(policy: str, num_shards: int, link: LinkModel | None = None, **kwargs):
+def train_ps(policy: str, num_shards: int, link: LinkModel | None = None, answer_delay_s: float = 0.0, **kwargs):
     x, y = data()
     sgd = SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3)
     plan = layer_plan(small_model(), 300)
     layers = [flatten_layer(ps) for _, _, ps in model_layers(small_model())]
     shards = [ShardState(s, num_shards, plan, layers, len(SIZES), sgd) for s in range(num_shards)]
-    transport = LocalTransport(shards)
+    transport = LocalTransport(shards) if not answer_delay_s else SlowTransport(LocalTransport(shards), answer_delay_s)
     workers = [P3PSWorker(w, small_model(), F.cross_entropy, x, y, batches(w), transport, num_shards, policy=policy,
                           slice_elements=300, bucket_bytes=2000, link=link, **kwargs) for w in range(len(SIZES))]
     runs = [None, None]
@@ -54,6 +55,23 @@ def train_ps(policy: str, num_shards: int, link: LinkModel | None = None, **kwar
         t.join(60)
     assert all(r is not None for r in runs)
     return workers, shards, runs
+
+
+class SlowTransport:
+    """``LocalTransport`` whose answers (the updated slices) come back ``delay_s`` late, as a slow Ray
+    round trip would."""
+
+    def __init__(self, inner: LocalTransport, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def push(self, shard, step, worker, slice_ids, grads):
+        out: Future = Future()
+
+        def later(done: Future) -> None:
+            threading.Timer(self.delay_s, out.set_result, args=(done.result(),)).start()
+
+        self.inner.push(shard, step, worker, slice_ids, grads).add_done_callback(later)
+        return out
 
 
 def reference() -> torch.Tensor:
@@ -108,6 +126,23 @@ def test_p3_first_layer_forward_starts_before_the_last_update_arrives():
         last = max(t for kind, s, i, t in runs[0].timeline if kind == "arrived" and s == step - 1)
         overlapped += forward0 < last
     assert overlapped >= STEPS - 2
+
+
+def test_the_real_answer_travels_during_the_emulated_download_not_before_it():
+    """A slice counts as arrived when the EMULATED downlink says so or when the shard's real answer is
+    back, whichever is later; the modelled download is not started only after the real answer (that
+    counted the transfer twice). Answers 100 ms late, 20 ms per slice on the EMULATED link: the first
+    slice of each round is through the modelled downlink long before its answer, so it arrives the
+    moment the answer does (waiting for the answer first would make it arrive 20 ms after it)."""
+    link = LinkModel(bandwidth_Bps=6e4)  # 20 ms per 1.2 KB slice, EMULATED
+    _, _, runs = train_ps("fifo", num_shards=2, link=link, answer_delay_s=0.1)
+    for run in runs:
+        for step in range(STEPS):
+            pulled = {i: t for kind, s, i, t in run.timeline if kind == "pulled" and s == step}
+            arrived = {i: t for kind, s, i, t in run.timeline if kind == "arrived" and s == step}
+            assert set(arrived) == set(pulled) and pulled, (step, pulled, arrived)
+            assert all(arrived[i] >= pulled[i] for i in arrived)  # never before the real value is here
+            assert min(arrived[i] - pulled[i] for i in arrived) == 0.0, (step, pulled, arrived)
 
 
 def test_a_shard_refuses_a_double_push_and_a_foreign_slice():
