@@ -20,24 +20,42 @@ from pdml_ray.train.workloads import make_classification, make_mlp
 STEPS_PER_EPOCH = 64  # 64 x 256 samples, global batch 256
 EPOCHS = 3
 KILL_AT = 40
+SLOWER = 0.25  # rank 1's EMULATED speed from the kill on (0.5 before): the split must move after the restart
+MAX_EXTRA_EPOCHS = 10  # epochs trained beyond EPOCHS while the restarted scheduler has not decided yet
 
 
 def restart_loop(config):
     """Train EPOCHS epochs; at step KILL_AT rank 0 sends one malformed report, has the scheduler save a
-    snapshot, reads its stats and kills it (Ray restarts it). Rank 0 writes what it saw."""
+    snapshot, reads its stats and kills it (Ray restarts it), and rank 1 becomes slower (EMULATED), so
+    the restarted scheduler has a new split to decide. Training goes on (up to MAX_EXTRA_EPOCHS more)
+    until rank 0 has adopted a decision of the restarted scheduler: how long Ray takes to restart an
+    actor depends on the machine's load. Rank 0 writes what it saw."""
     torch.set_num_threads(1)
     ctx = get_context()
     x, y = make_classification(STEPS_PER_EPOCH * 256, 16, 2, seed=0)
     model = ctx.prepare_model(make_mlp(16, 32, 2, depth=1, seed=0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     steps, out = 0, {}
-    for epoch in range(EPOCHS):
-        for batch in ctx.epoch(epoch, len(x)):
+
+    def go_on(epoch):  # the same answer on both ranks: rank 0's, all-reduced
+        if epoch < EPOCHS:
+            return True
+        waiting = ctx.rank == 0 and not any(s > KILL_AT and v > out["version_at_kill"] for s, v, _ in ctx.adopted)
+        flag = torch.tensor([1.0 if waiting and epoch < EPOCHS + MAX_EXTRA_EPOCHS else 0.0])
+        torch.distributed.all_reduce(flag)
+        return bool(flag.item())
+
+    epoch = 0
+    while go_on(epoch):
+        epoch += 1
+        for batch in ctx.epoch(epoch - 1, len(x)):
             with ctx.step(batch) as step:
                 step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
             optimizer.step()
             optimizer.zero_grad()
             steps += 1
+            if batch.step == KILL_AT and ctx.rank == 1:
+                ctx.speed = SLOWER
             if batch.step == KILL_AT and ctx.rank == 0:
                 # a refused report (unknown worker): counted, and the count must survive the restart
                 ctx.client.report([WorkerReport(worker_id=99, step=batch.step, samples=8, compute_s=0.1)], flush=True)
@@ -84,7 +102,8 @@ def test_training_finishes_through_the_restart(run):
     result, out = run
     assert result.error is None
     assert out["killed_at"] == KILL_AT
-    assert out["steps_done"] == EPOCHS * STEPS_PER_EPOCH
+    assert out["steps_done"] % STEPS_PER_EPOCH == 0
+    assert EPOCHS * STEPS_PER_EPOCH <= out["steps_done"] <= (EPOCHS + MAX_EXTRA_EPOCHS) * STEPS_PER_EPOCH
 
 
 def test_the_restarted_scheduler_kept_its_counters(run):
@@ -106,6 +125,10 @@ def test_decisions_resume_after_the_restart(run):
     after_kill = [(step, version) for step, version, _ in out["adopted"] if step > out["killed_at"]]
     assert after_kill, out["adopted"]
     assert max(v for _, v in after_kill) > out["version_at_kill"], (out["version_at_kill"], out["adopted"])
+    # the restarted scheduler follows rank 1's slow-down (0.5 -> SLOWER of rank 0's speed): its share
+    # falls below the 1:0.5 split (where the settled split lands depends on how long the run went on)
+    sizes = out["adopted"][-1][2]
+    assert sizes[1] / sizes[0] < 0.45, out["adopted"]
     # the restarted scheduler's numbering continues above the workers': versions only ever go up
     versions = [v for _, v, _ in out["adopted"]]
     assert versions == sorted(versions) and len(set(versions)) == len(versions), versions
