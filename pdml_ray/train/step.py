@@ -109,24 +109,32 @@ class NonFiniteCounts:
         return None
 
 
-def _grads_finite(params: list[torch.nn.Parameter], sharded: bool, device: torch.device) -> bool:
-    """Whether every gradient is finite, the same answer on every rank: under DDP the gradients are the
-    reduced ones (identical everywhere); under FSDP2 each rank holds a shard, so the ranks agree with
-    one tiny all-reduce. One sum per gradient (in float32 at least): an inf or NaN anywhere makes it
-    non-finite (a sum is ~100x cheaper on a CPU than a max-abs norm); finite gradients large enough for
-    their sum to overflow float32 (about 3e38) count as non-finite too, which they practically are."""
-    sums = []
+def _grads_nonfinite(params: list[torch.nn.Parameter], sharded: bool, device: torch.device) -> torch.Tensor:
+    """A 1-element float32 tensor on ``device``, > 0 when any gradient holds an inf or a NaN; the same
+    on every rank (under DDP the gradients are the reduced ones, identical everywhere; under FSDP2 each
+    rank holds a shard, so the ranks agree with one tiny all-reduce). Nothing waits for the device
+    here: the caller reads it together with the step's flags, one synchronisation per step.
+
+    The check is PyTorch's own (``torch._amp_foreach_non_finite_check_and_unscale_`` with a scale of
+    1, as ``torch.amp.GradScaler`` runs it): one fused kernel per device and dtype instead of a kernel
+    per gradient, which matters on a GPU where a model's hundreds of small launches cost milliseconds
+    (and ~3x faster on a CPU too, measured)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for p in params:
         g = p.grad
         if g is None:
             continue
         g = g.to_local() if hasattr(g, "to_local") else g
-        if g.numel():
-            sums.append(g.sum(dtype=torch.float64 if g.dtype == torch.float64 else torch.float32).to(device))
-    bad = (~torch.isfinite(torch.stack(sums))).any().float().reshape(1) if sums else torch.zeros(1, device=device)
+        if g.numel() and not g.is_sparse:
+            groups.setdefault((g.device, g.dtype), []).append(g)
+    found = torch.zeros(1, device=device)
+    for (dev, _), grads in groups.items():
+        flag = torch.zeros(1, device=dev)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, torch.ones(1, device=dev))
+        found += flag.to(device)
     if sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(bad)
-    return not bool(bad.item())
+        dist.all_reduce(found)
+    return found
 
 
 class StepScope:
@@ -271,11 +279,13 @@ class StepScope:
         if flags is None:  # DDP: no bucket was reduced (no backward in the block): nothing to check
             return None
         n = ctx.world_size
-        host = flags.tolist()
+        if combiner.name != "p3":  # P3 holds the gradients itself (already applied per layer)
+            found = _grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)
+            flags = torch.cat([flags, found.to(flags.dtype)])
+        host = flags.tolist()  # the step's one wait for the device
         bad = tuple(j for j in range(n) if host[j] > 0.5)
-        dropped = bool(bad) and sum(host[n:2 * n]) <= 0.0  # every rank excluded (or only empty batches left)
-        if not dropped and combiner.name != "p3":  # P3 holds the gradients itself (already applied per layer)
-            dropped = not _grads_finite(ctx._params, combiner.name == "fsdp", ctx.device)
+        # every rank excluded (or only empty batches left), or the combined gradient is not finite
+        dropped = (bool(bad) and sum(host[n:2 * n]) <= 0.0) or (len(host) > 3 * n and host[3 * n] > 0.0)
         if dropped:
             for p in ctx._params:
                 p.grad = None  # optimizer.step() skips parameters without a gradient: state untouched
