@@ -1,6 +1,6 @@
 """Ray actor shells of Runtime 1 (P3 over a parameter server, ``pdml_ray.runtime.p3_ps``).
 
-- ``P3ShardActor``: an asyncio actor around ``pdml_ray.p3.ps.ShardState``. ``push`` adds one worker's
+- ``P3ShardActor``: an asyncio actor around ``pdml_ray.p3.shard.ShardState``. ``push`` adds one worker's
   gradient slices and returns the updated values once every worker has pushed them: each call is
   one coroutine awaiting its slices' events, so thousands can wait at once without threads.
 - Workers: the straggler-tolerant runtime's own actor shell (``pdml_ray.actors.dp_worker.DPWorker``,
@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, launch_dp_worker
 from pdml_ray.errors import UsageError
-from pdml_ray.p3.ps import LossFn, P3PSWorker, SGDSettings, ShardState, WorkerRun
+from pdml_ray.p3.ps import LossFn, P3PSWorker, WorkerRun
+from pdml_ray.p3.shard import SGDSettings, ShardState
 from pdml_ray.p3.slicing import SlicePlan
 
 
@@ -75,7 +76,7 @@ class P3Shard:
 
 
 class RayTransport:
-    """``pdml_ray.p3.ps.Transport`` over shard actor handles."""
+    """``pdml_ray.p3.shard.Transport`` over shard actor handles."""
 
     def __init__(self, shards: Sequence[Any]) -> None:
         self.shards = list(shards)

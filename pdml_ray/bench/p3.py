@@ -324,7 +324,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from pdml_ray.config.p3 import P3Config
     from pdml_ray.errors import UsageError
     from pdml_ray.p3.link import EMULATION_NOTE
-    from pdml_ray.p3.ps import SGDSettings
+    from pdml_ray.p3.shard import SGDSettings
     from pdml_ray.runtime.p3_ps import WARMUP_STEPS, P3ParameterServer
 
     if args.device != "cpu":

@@ -11,7 +11,7 @@ is the mean gradient of the global batch: the parameters equal single-process SG
 global batches whatever the send order (``tests/ray/test_p3_ps_ray.py``).
 
 - Shards (``pdml_ray.actors.p3_shard.P3ShardActor``) hold the slices round-robin
-  (``pdml_ray.p3.ps.shard_of``), apply SGD per slice as soon as every worker pushed it, and answer
+  (``pdml_ray.p3.shard.shard_of``), apply SGD per slice as soon as every worker pushed it, and answer
   each push with the updated values.
 - Workers (the straggler runtime's ``DPWorker`` actor shell hosting ``RayP3PSWorker``, a
   ``pdml_ray.p3.ps.P3PSWorker``) push slices from parameter hooks
@@ -46,7 +46,8 @@ from pdml_ray.actors.p3_shard import RayP3PSWorker, launch_p3_shard, launch_p3_w
 from pdml_ray.config.p3 import P3Config
 from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.p3.link import LinkModel
-from pdml_ray.p3.ps import LossFn, SGDSettings, WorkerRun, layer_plan, measure_compute, model_layers
+from pdml_ray.p3.ps import LossFn, WorkerRun, layer_plan, measure_compute, model_layers
+from pdml_ray.p3.shard import SGDSettings
 from pdml_ray.p3.slicing import flatten_layer, reassemble
 
 WARMUP_STEPS = 2  # steps left out of the iteration time (one-off costs: first calls, allocations)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from pdml_ray.config import P3Config
-from pdml_ray.p3.ps import SGDSettings
+from pdml_ray.p3.shard import SGDSettings
 from pdml_ray.runtime.p3_ps import P3ParameterServer
 
 STEPS, SIZES = 6, (20, 12)

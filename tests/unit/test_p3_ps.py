@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from pdml_ray.errors import PlanError
 from pdml_ray.p3.link import LinkModel
-from pdml_ray.p3.ps import LocalTransport, P3PSWorker, SGDSettings, ShardState, layer_plan, model_layers, shard_of
+from pdml_ray.p3.ps import P3PSWorker, layer_plan, model_layers
+from pdml_ray.p3.shard import LocalTransport, SGDSettings, ShardState, shard_of
 from pdml_ray.p3.slicing import flatten_layer
 
 STEPS, SIZES = 5, (20, 12)  # global batch 32, unequal shares
