@@ -1,8 +1,9 @@
 """Priorities exported with ``ray.util.metrics``, so users watch them in the Ray dashboard/Prometheus.
 
-The series are whatever the scheduler's typed stats records say (``SchedulerStats.gauges()``, each
-deriver's stats record adding its own): a new priority axis brings its series with its stats record
-and nothing here changes. Names follow Prometheus' conventions: a name ending in ``_total`` is a
+The series are whatever a typed stats record says (``gauges()``: the scheduler's ``SchedulerStats``,
+each deriver's stats record adding its own; the pipeline and straggler runtimes' run records,
+``pdml_ray.pipeline.stats`` and ``pdml_ray.stragglers.stats``, exported from the driver): a new
+priority axis or runtime brings its series with its stats record and nothing here changes. Names follow Prometheus' conventions: a name ending in ``_total`` is a
 count, exported as a ``ray.util.metrics.Counter`` (the stats hold cumulative counts; each export adds
 what they grew by); every other name is a ``Gauge`` whose name carries its unit (``_seconds``,
 ``_samples``, ``_samples_per_second``, ``_ratio``). docs/observability.md lists them all.
@@ -13,8 +14,8 @@ share a series, while a restarted scheduler (same actor) continues its run's. Pe
 carry ``worker`` and ``accelerator_type``.
 
 Ray prefixes custom metrics with ``ray_`` on the Prometheus endpoint: ``pdml_batch_size_samples`` is
-scraped as ``ray_pdml_batch_size_samples`` (``prometheus_name``). Metrics are created inside the
-scheduler actor's process.
+scraped as ``ray_pdml_batch_size_samples`` (``prometheus_name``). Metrics are created in the process
+that exports them: the scheduler actor's, or the driver running a pipeline or straggler runtime.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from pdml_ray.scheduler import SchedulerStats
+from pdml_ray.priority.base import GaugeValue
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,12 @@ def ray_report_interval_s() -> float:
 Key = tuple[str, tuple[tuple[str, str], ...]]  # (metric name, tags besides run): one series
 
 
+class GaugeSource(Protocol):
+    """A typed stats record that says its figures as gauge values (``SchedulerStats``, a run record)."""
+
+    def gauges(self) -> Sequence[GaugeValue]: ...
+
+
 class PriorityGauges:
     """One ``ray.util.metrics`` Gauge or Counter per metric name, created when the name is first
     exported.
@@ -102,7 +109,7 @@ class PriorityGauges:
     """
 
     def __init__(self, run_name: str, run_id: str | None = None, refresh_s: float | None = None,
-                 min_set_s: float | None = None, source: Callable[[], SchedulerStats] | None = None):
+                 min_set_s: float | None = None, source: Callable[[], GaugeSource] | None = None):
         self.run_name = run_name
         self.run = f"{run_name}-{run_id or _short_id()}"
         """The ``run`` tag of every series: unique per run."""
@@ -127,7 +134,7 @@ class PriorityGauges:
         self._refresher: threading.Thread | None = None
         self._stopped = threading.Event()
 
-    def export(self, stats: SchedulerStats) -> int:
+    def export(self, stats: GaugeSource) -> int:
         """Export what the stats records say: counters by what they grew, gauges as described above;
         returns how many series were set or incremented. A count that went down (a scheduler restored
         from an older checkpoint) only moves the counter's baseline."""
@@ -200,3 +207,14 @@ class PriorityGauges:
     def close(self) -> None:
         """Stop the refresh thread (the series then age out of Ray's metrics agent)."""
         self._stopped.set()
+
+
+def export_or_warn(gauges: PriorityGauges | None, stats: GaugeSource) -> None:
+    """Export from a training loop (the runtimes' drivers): a metrics failure is logged, never raised,
+    so watching a run can never end it."""
+    if gauges is None:
+        return
+    try:
+        gauges.export(stats)
+    except Exception:  # noqa: BLE001 - Ray's metrics agent gone, a bad tag: the run goes on
+        log.warning("exporting pdml-ray's run metrics failed", exc_info=True)

@@ -34,10 +34,12 @@ from torch import Tensor, nn
 from pdml_ray.actors.stage import DEFAULT_STAGE_NUM_CPUS, launch_stage
 from pdml_ray.emulation import COMPUTE_MODES, EMULATION_NOTE, SLEEP_COMPUTE_NOTE, check_speed
 from pdml_ray.errors import ConfigError, PlanError, StateError, UsageError
+from pdml_ray.metrics import PriorityGauges, export_or_warn
 from pdml_ray.pipeline.dispatch import Dispatcher
 from pdml_ray.pipeline.faults import Replan, Reroute, exclude_replicas
 from pdml_ray.pipeline.partition import split_sequential
 from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineScheduler, Plan, validate
+from pdml_ray.pipeline.stats import PipelineRunStats
 from pdml_ray.runtime.pipeline_faults import FaultHandling, PipelineFaultError, _in_ids, _StepState
 
 Speeds = Mapping[tuple[int, int], float] | Sequence[Sequence[float]]
@@ -84,7 +86,7 @@ class PipelineRuntime(FaultHandling):
                  optimizer: Callable[..., torch.optim.Optimizer] | None = None,
                  num_cpus_per_actor: float = DEFAULT_STAGE_NUM_CPUS, name_prefix: str | None = None,
                  compute: str = "real", per_sample_s: float = 0.0,
-                 action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S) -> None:
+                 action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S, metrics_name: str | None = "pdml-pipeline") -> None:
         if not ray.is_initialized():
             raise UsageError("PipelineRuntime needs a running Ray cluster: call ray.init() first")
         if compute not in COMPUTE_MODES:
@@ -121,6 +123,10 @@ class PipelineRuntime(FaultHandling):
                                       name_prefix=name_prefix)
                          for r in range(self.replicas[k])] for k in range(num_stages)]
         ray.get([a.describe.remote() for row in self._actors for a in row])  # fail fast if one cannot start
+        self.stats = PipelineRunStats()
+        """This runtime's figures over its steps (``pdml_ray.pipeline.stats``), exported after every step
+        as ``pdml_pipeline_*`` metrics tagged ``run=<metrics_name>-<id>`` (``metrics_name=None``: not exported)."""
+        self._gauges = PriorityGauges(metrics_name) if metrics_name is not None else None
 
     @property
     def emulated(self) -> bool:
@@ -186,6 +192,9 @@ class PipelineRuntime(FaultHandling):
         backward_counts = {(k, r): 0 for k in range(self.num_stages) for r in self._alive(k)}
         for (k, _), r in st.owner.items():  # a replica that died while stepping had delivered its gradients
             backward_counts[(k, r)] = backward_counts.get((k, r), 0) + 1
+        self.stats.observe(plan.schedule, step_time_s, st.measurements, sum(self.live_replicas),
+                           deaths=len(st.reroutes), reruns=sum(len(r.moved) for r in st.reroutes))
+        export_or_warn(self._gauges, self.stats)
         return StepResult(step, step_time_s, sum(st.losses.values()), tuple(st.measurements), plan.schedule,
                           st.compute_s, st.emulated_s, counts, backward_counts, tuple(st.reroutes), replan,
                           self.live_replicas)
@@ -351,6 +360,8 @@ class PipelineRuntime(FaultHandling):
         self.speeds[(stage, replica)] = float(speed)
 
     def shutdown(self) -> None:
+        if self._gauges is not None:
+            self._gauges.close()
         for row in self._actors:
             for actor in row:
                 try:

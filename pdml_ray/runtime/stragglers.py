@@ -50,12 +50,14 @@ from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, launch_dp_work
 from pdml_ray.config.stragglers import StragglerConfig
 from pdml_ray.decisions import WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, UsageError
+from pdml_ray.metrics import PriorityGauges, export_or_warn
 from pdml_ray.stragglers.delays import NoStragglers, StragglerModel
 from pdml_ray.stragglers.gradient_feed import GradientFeed
 from pdml_ray.stragglers.policy import Arrival, StragglerPolicy, combine_messages
 from pdml_ray.stragglers.problem import worker_partitions
 from pdml_ray.stragglers.registry import make_policy
 from pdml_ray.stragglers.run import FullObjective, RunResult, StepRecord, cosine
+from pdml_ray.stragglers.stats import StragglerRunStats
 from pdml_ray.stragglers.worker import LossFn, WorkerReply
 
 
@@ -104,7 +106,7 @@ class StragglerRuntime:
                  lr: float, l2: float = 0.0, straggler_model: StragglerModel | None = None,
                  per_sample_s: float = 0.0, step_timeout_s: float = 30.0,
                  num_cpus_per_worker: float = DEFAULT_DP_WORKER_NUM_CPUS, scheduler: Any = None,
-                 pool: WorkerPool | None = None) -> None:
+                 pool: WorkerPool | None = None, metrics_name: str | None = "pdml-stragglers") -> None:
         if not ray.is_initialized():
             raise UsageError("StragglerRuntime needs a running Ray cluster: call ray.init() first")
         if not (step_timeout_s > 0 and lr > 0):
@@ -117,6 +119,10 @@ class StragglerRuntime:
         self._own_pool = pool is None
         self.feed = GradientFeed.for_policy(policy, len(x) // policy.num_partitions)
         self.pool = pool if pool is not None else WorkerPool(num_cpus_per_worker)
+        self.stats = StragglerRunStats(policy.name)
+        """This runtime's figures over its steps (``pdml_ray.stragglers.stats``), exported after every step
+        as ``pdml_straggler_*`` metrics tagged ``run=<metrics_name>-<id>`` (``metrics_name=None``: not exported)."""
+        self._gauges = PriorityGauges(metrics_name) if metrics_name is not None else None
         self._actors = self.pool.take(policy.num_workers)
         ray.get([a.configure.remote(w, model, loss_fn, held, l2=l2, straggler_model=self.straggler_model,
                                     per_sample_s=per_sample_s, num_threads=1)
@@ -134,6 +140,8 @@ class StragglerRuntime:
     def shutdown(self) -> None:
         """Stop this runtime's workers: kill them if it launched its pool, else cut their steps short and
         replace the dead ones, so the pool serves the next run."""
+        if self._gauges is not None:
+            self._gauges.close()
         if self._own_pool:
             self.pool.shutdown()
             return
@@ -221,6 +229,10 @@ class StragglerRuntime:
             loss, full = self.evaluate(params)
             if self.scheduler is not None and measured:
                 self.scheduler.report.remote(measured)
+            # every reply taken this step that the update did not use is dropped (arrivals do not carry
+            # over): cut short by this step's call, late from an older step, or left out by the policy
+            self.stats.observe(step_time, len(reports) - len(set(used) & set(arrivals)), len(dead))
+            export_or_warn(self._gauges, self.stats)
             records.append(StepRecord(step, step_time, loss, grad_cos, combination,
                                       tuple(t.partitions_computed for t in tasks.values()), tuple(arrivals),
                                       tuple(sorted(dead)), tuple(reports)))

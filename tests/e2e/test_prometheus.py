@@ -209,3 +209,35 @@ def test_prometheus_scrapes_the_series_with_rays_generated_config(cluster, tmp_p
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def test_a_pipeline_runtime_exports_its_measured_bubble_from_the_driver(cluster):
+    """The runtimes' run records are exported by the driver process (not an actor): two steps of a
+    2-stage pipeline, then its series on the node's endpoint, with the values the runtime holds."""
+    import torch
+    from torch import nn
+
+    from pdml_ray.pipeline.registry import make_scheduler
+    from pdml_ray.runtime.pipeline import PipelineRuntime
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    with PipelineRuntime(model, 2, 1, nn.MSELoss(), num_cpus_per_actor=0.25, metrics_name="prom-pipeline") as rt:
+        scheduler = make_scheduler("1f1b", stages=2, replicas=1, microbatches=4)
+        x, y = torch.randn(16, 8), torch.randn(16, 4)
+        for step in range(2):
+            rt.run_step(scheduler, x, y, step)
+        run = rt._gauges.run
+        url = f"http://127.0.0.1:{cluster['port']}/metrics"
+        pattern = re.compile(rf'^(ray_pdml_pipeline_\w+?)(?:_total)?\{{([^}}]*run="{re.escape(run)}"[^}}]*)\}} (\S+)$')
+        deadline, got = time.monotonic() + 45, {}
+        while time.monotonic() < deadline:
+            got = {m.group(1): float(m.group(3)) for line in _http(url).splitlines() if (m := pattern.match(line))}
+            if got.get("ray_pdml_pipeline_steps") == 2 and "ray_pdml_pipeline_bubble_ratio" in got:
+                break
+            time.sleep(1)
+        assert got.get("ray_pdml_pipeline_steps") == 2, got
+        assert 0.0 <= got["ray_pdml_pipeline_bubble_ratio"] <= 1.0
+        assert math.isclose(got["ray_pdml_pipeline_bubble_ratio"], rt.stats.bubble, rel_tol=1e-3, abs_tol=1e-9)
+        assert math.isclose(got["ray_pdml_pipeline_step_seconds"], rt.stats.step_s, rel_tol=1e-3)
+        assert re.fullmatch(r"prom-pipeline-[0-9a-f]{8}", run)

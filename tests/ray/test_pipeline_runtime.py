@@ -64,9 +64,16 @@ def test_one_step_equals_the_unsplit_model_under_every_schedule(runtime, referen
     # own plan (reordered, uneven placement) rather than the static warm start.
     runtime.run_step(scheduler, x, y, step=0)
     runtime.set_parameters(initial)
+    steps_before = runtime.stats.steps
     result = runtime.run_step(scheduler, x, y, step=1)
 
     assert result.loss == pytest.approx(ref_loss, rel=1e-5)
+    # the run record the driver exports: this step's wall time and measured idle fraction
+    assert runtime.stats.steps == steps_before + 1 and runtime.stats.schedule == result.schedule
+    assert runtime.stats.step_s == result.step_time_s
+    busy = sum(m.latency_s for m in result.measurements)
+    assert runtime.stats.bubble == pytest.approx(1 - busy / (result.step_time_s * STAGES * REPLICAS))
+    assert 0.0 <= runtime.stats.bubble < 1.0
     # Every micro-batch ran forward and backward exactly once on every stage.
     for kind in Kind:
         done = sorted((m.stage, m.microbatch) for m in result.measurements if m.kind is kind)

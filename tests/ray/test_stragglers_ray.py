@@ -32,6 +32,9 @@ def data():
     return logistic_data(N * (N + S) * 12, DIM, seed=0)
 
 
+RUN_STATS: dict = {}  # policy name -> the runtime's exported run record (StragglerRunStats) of its last run
+
+
 def run(pool, data, name, model, steps=STEPS, timeout_s=20.0, on_stall="report"):
     policy = make_policy(name, workers=N, stragglers=S)
     x, y = data
@@ -40,6 +43,7 @@ def run(pool, data, name, model, steps=STEPS, timeout_s=20.0, on_stall="report")
     try:
         return rt.train(steps, on_stall=on_stall)
     finally:
+        RUN_STATS[name] = rt.stats
         rt.shutdown()
 
 
@@ -62,6 +66,9 @@ def test_tolerant_policies_train_through_a_straggler_and_a_death(pool, data, nam
     assert slow and len(slow) <= STEPS and min(rep.compute_s for rep in slow) < 0.5 * full_s
     reports = [rep for rec in r.records for rep in rec.reports if rep.worker_id != SLOW]
     assert all(rep.samples > 0 and rep.grad_norm > 0 for rep in reports if rep.loss == rep.loss)
+    # the exported run record: every step counted, the 25x straggler's cut-short replies dropped
+    stats = RUN_STATS[name]
+    assert stats.steps == STEPS and stats.worker_deaths == 1 and stats.results_dropped >= len(slow) - 1
     if name.startswith("gc-"):
         assert all(rec.combination.exact for rec in r.records) and r.grad_cosine > 0.9999
         assert r.partitions_per_step == S + 1
@@ -73,6 +80,7 @@ def test_sync_reports_a_death_as_stalled_naming_the_worker(pool, data):
     r = run(pool, data, "sync", Death((DYING,), DEATH_STEP))
     assert r.stalled is not None and f"worker {DYING}" in r.stalled
     assert len(r.records) == DEATH_STEP and r.final_loss < r.initial_loss
+    assert RUN_STATS["sync"].steps == DEATH_STEP and RUN_STATS["sync"].results_dropped == 0  # sync waits for all
     with pytest.raises(StragglerStallError, match=f"worker {DYING}"):
         run(pool, data, "sync", Death((DYING,), 1), on_stall="raise")
 

@@ -15,7 +15,10 @@ import pytest
 
 from pdml_ray.dashboards import (DASHBOARD_FILE, grafana_dashboard_dir, install_grafana_dashboard,
                                  load_dashboard, workload)
+from pdml_ray.pipeline.plan import Kind, Measurement
+from pdml_ray.pipeline.stats import PipelineRunStats, bubble_ratio
 from pdml_ray.scheduler import Scheduler, SchedulerStats
+from pdml_ray.stragglers.stats import StragglerRunStats
 
 UNITS = ("_seconds", "_samples", "_samples_per_second", "_ratio", "_bytes", "_total", "_epochs", "_step",
          "_version", "_priority", "_weight")
@@ -29,15 +32,26 @@ def _stats() -> SchedulerStats:
     return dataclasses.replace(s.stats(), process_cpu_s=1.5)  # the actor shell sets it
 
 
-def _names(stats: SchedulerStats) -> dict[str, list]:
+def _names(stats) -> dict[str, list]:
     out: dict[str, list] = {}
     for g in stats.gauges():
         out.setdefault(g.name, []).append(g)
     return out
 
 
-def test_names_follow_prometheus_conventions():
-    names = _names(_stats())
+def _runtime_stats():
+    """The pipeline and straggler runtimes' run records after a step each."""
+    pipeline = PipelineRunStats()
+    pipeline.observe("osprey", 0.5, [Measurement(0, 0, Kind.FORWARD, 0, 0.2)], 2)
+    stragglers = StragglerRunStats("gc-cr")
+    stragglers.observe(0.25, dropped=1, dead=0)
+    return pipeline, stragglers
+
+
+@pytest.mark.parametrize("source", ["scheduler", "pipeline", "stragglers"])
+def test_names_follow_prometheus_conventions(source):
+    names = _names({"scheduler": _stats, "pipeline": lambda: _runtime_stats()[0],
+                    "stragglers": lambda: _runtime_stats()[1]}[source]())
     for name, series in names.items():
         assert re.fullmatch(r"pdml_[a-z0-9_]+", name), name
         assert name.endswith(UNITS), f"{name}: say its unit (_seconds, _ratio, ...) or _total for a count"
@@ -45,6 +59,8 @@ def test_names_follow_prometheus_conventions():
         keys = {tuple(k for k, _ in g.tags) for g in series}
         assert len(keys) == 1, f"{name}: one tag set per name, got {keys}"  # a Ray metric has fixed tag keys
         assert all(g.description for g in series)
+    if source != "scheduler":
+        return
     counts = {n for n in names if n.endswith("_total")}
     assert {"pdml_reports_received_total", "pdml_reports_rejected_total", "pdml_scheduler_decision_requests_total",
             "pdml_scheduler_decision_seconds_total", "pdml_scheduler_cpu_seconds_total",
@@ -78,6 +94,27 @@ def test_newer_derivers_and_the_decision_latency_are_exported():
     assert 0 < latency == stats.last_decision_s < 5
 
 
+def test_the_runtimes_export_the_measured_bubble_and_the_dropped_results():
+    pipeline = PipelineRunStats()
+    # 2 replicas for 1.0 s with 1.5 s of actions between them: a quarter of their time idle
+    acts = [Measurement(0, 0, Kind.FORWARD, 0, 0.5), Measurement(1, 0, Kind.FORWARD, 0, 0.4),
+            Measurement(1, 0, Kind.BACKWARD, 0, 0.3), Measurement(0, 0, Kind.BACKWARD, 0, 0.3)]
+    pipeline.observe("1f1b", 1.0, acts, 2)
+    pipeline.observe("1f1b", 2.0, acts, 1, deaths=1, reruns=3)  # one replica left: 1.5 of 2.0 busy
+    by = {g.name: g for g in pipeline.gauges()}
+    assert by["pdml_pipeline_bubble_ratio"].value == pytest.approx(0.25)
+    assert by["pdml_pipeline_bubble_ratio"].tags == (("schedule", "1f1b"),)
+    assert by["pdml_pipeline_step_seconds"].value == 2.0 and by["pdml_pipeline_steps_total"].value == 2
+    assert by["pdml_pipeline_replica_deaths_total"].value == 1 and by["pdml_pipeline_rerun_microbatches_total"].value == 3
+    assert bubble_ratio(acts, 0.5, 1) == 0.0 and math.isnan(bubble_ratio(acts, 0.0, 2))  # clipped; no wall time
+    stragglers = StragglerRunStats("ignore-stragglers")
+    stragglers.observe(0.3, dropped=1, dead=0)
+    stragglers.observe(0.2, dropped=2, dead=1)
+    by = {g.name: g.value for g in stragglers.gauges()}
+    assert by == {"pdml_straggler_results_dropped_total": 3, "pdml_straggler_step_seconds": 0.2,
+                  "pdml_straggler_steps_total": 2, "pdml_straggler_worker_deaths_total": 1}
+
+
 def test_recent_worker_times_are_means_over_the_newest_rows_and_leave_out_silent_workers():
     from pdml_ray.scheduler_stats import recent_worker_times
 
@@ -99,12 +136,13 @@ def test_the_dashboard_queries_only_exported_names():
     queried = {n for e in exprs for n in re.findall(r"\bray_pdml_[a-z0-9_]+", e)}
     from pdml_ray.metrics import prometheus_name
 
-    exported = {prometheus_name(n) for n in _names(_stats())}
+    exported = {prometheus_name(n) for stats in (_stats(), *_runtime_stats()) for n in _names(stats)}
     assert queried, "the dashboard queries nothing"
     assert queried <= exported, f"queried but never exported: {sorted(queried - exported)}"
     # and it shows everything that finds a straggler and every axis
     assert {"ray_pdml_worker_step_seconds", "ray_pdml_worker_compute_seconds", "ray_pdml_worker_wait_seconds",
-            "ray_pdml_gradient_priority", "ray_pdml_scheduler_decision_latency_seconds"} <= queried
+            "ray_pdml_gradient_priority", "ray_pdml_scheduler_decision_latency_seconds",
+            "ray_pdml_pipeline_bubble_ratio", "ray_pdml_straggler_results_dropped_total"} <= queried
     for expr in exprs:  # counters are read through rate()/increase(), never raw
         for name in re.findall(r"\bray_pdml_[a-z0-9_]+_total\b", expr):
             assert re.search(rf"(rate|increase)\({name}\b", expr), expr
