@@ -199,7 +199,9 @@ def test_prometheus_scrapes_the_series_with_rays_generated_config(cluster, tmp_p
         for panel in load_dashboard()["panels"]:
             for target in panel.get("targets", []):
                 expr = target["expr"].replace("$run", run).replace("$__rate_interval", "1m")
-                if not _prom_query(base, expr) and "rate(" not in expr and "increase(" not in expr:
+                data = _prom_query(base, expr)  # valid PromQL, whatever the panel
+                runtime = "ray_pdml_pipeline_" in expr or "ray_pdml_straggler_" in expr  # another run's series
+                if not data and not runtime and "rate(" not in expr and "increase(" not in expr:
                     empty.append(expr)  # (rates need two scrapes: not checked for data)
         assert not empty, empty
     finally:
@@ -230,14 +232,18 @@ def test_a_pipeline_runtime_exports_its_measured_bubble_from_the_driver(cluster)
         run = rt._gauges.run
         url = f"http://127.0.0.1:{cluster['port']}/metrics"
         pattern = re.compile(rf'^(ray_pdml_pipeline_\w+?)(?:_total)?\{{([^}}]*run="{re.escape(run)}"[^}}]*)\}} (\S+)$')
+        want = {"ray_pdml_pipeline_steps": 2.0, "ray_pdml_pipeline_bubble_ratio": rt.stats.bubble,
+                "ray_pdml_pipeline_step_seconds": rt.stats.step_s}
+
+        def off(got):  # a changed gauge is set at most every half report interval: the newest follows
+            return [n for n, v in want.items() if n not in got or not math.isclose(got[n], v, rel_tol=1e-3)]
+
         deadline, got = time.monotonic() + 45, {}
         while time.monotonic() < deadline:
             got = {m.group(1): float(m.group(3)) for line in _http(url).splitlines() if (m := pattern.match(line))}
-            if got.get("ray_pdml_pipeline_steps") == 2 and "ray_pdml_pipeline_bubble_ratio" in got:
+            if not off(got):
                 break
             time.sleep(1)
-        assert got.get("ray_pdml_pipeline_steps") == 2, got
+        assert not off(got), (got, want)
         assert 0.0 <= got["ray_pdml_pipeline_bubble_ratio"] <= 1.0
-        assert math.isclose(got["ray_pdml_pipeline_bubble_ratio"], rt.stats.bubble, rel_tol=1e-3, abs_tol=1e-9)
-        assert math.isclose(got["ray_pdml_pipeline_step_seconds"], rt.stats.step_s, rel_tol=1e-3)
         assert re.fullmatch(r"prom-pipeline-[0-9a-f]{8}", run)
