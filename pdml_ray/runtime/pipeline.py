@@ -286,11 +286,7 @@ class PipelineRuntime(FaultHandling):
             dead = self._dead_among(sorted(failed))
             if not dead:
                 raise err
-            self._mark_dead(dead, st.step)
-            for k in sorted({k for k, _ in dead}):
-                if not self._alive(k):
-                    raise PipelineFaultError(f"step {st.step}: every replica of stage {k} died ({self._deaths(k)}) "
-                                             "during the gradient exchange; the step cannot complete") from err
+            self._mark_dead_mid_step(dead, st.step, err, " during the gradient exchange")
             todo = []
             for k in sorted({k for k, _ in failed}):
                 if any((k, r) in failed for r in self._alive(k)):  # survivors did not sum: a gradient is missing

@@ -108,11 +108,7 @@ class FaultHandling:
             dead = self._dead_among([(k, r) for k in range(self.num_stages) for r in self._alive(k)])
         if not dead:
             raise err
-        self._mark_dead(dead, st.step)
-        for k in sorted({k for k, _ in dead}):
-            if not self._alive(k):
-                raise PipelineFaultError(f"step {st.step}: every replica of stage {k} died ({self._deaths(k)}); the "
-                                         f"step cannot complete and this runtime cannot run more steps")
+        self._mark_dead_mid_step(dead, st.step, err)
         return dead
 
     def _mark_dead(self, keys: list[tuple[int, int]], step: int) -> None:
@@ -123,6 +119,16 @@ class FaultHandling:
                 ray.kill(self._actors[k][r])
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+    def _mark_dead_mid_step(self, keys: list[tuple[int, int]], step: int, err: BaseException,
+                            during: str = "") -> None:
+        """``_mark_dead``, then ``PipelineFaultError`` (from ``err``, the failed call's error) when one of
+        their stages has no replica left: the step cannot complete (``during``: where, for the message)."""
+        self._mark_dead(keys, step)
+        for k in sorted({k for k, _ in keys}):
+            if not self._alive(k):
+                raise PipelineFaultError(f"step {step}: every replica of stage {k} died ({self._deaths(k)}){during}; "
+                                         "the step cannot complete and this runtime cannot run more steps") from err
 
     def _dead_among(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Which of the replicas ``keys`` fail a ping with ``RayActorError`` (bounded by ``action_timeout_s``)."""
