@@ -3,10 +3,12 @@
 The series are whatever a typed stats record says (``gauges()``: the scheduler's ``SchedulerStats``,
 each deriver's stats record adding its own; the pipeline and straggler runtimes' run records,
 ``pdml_ray.pipeline.stats`` and ``pdml_ray.stragglers.stats``, exported from the driver): a new
-priority axis or runtime brings its series with its stats record and nothing here changes. Names follow Prometheus' conventions: a name ending in ``_total`` is a
-count, exported as a ``ray.util.metrics.Counter`` (the stats hold cumulative counts; each export adds
-what they grew by); every other name is a ``Gauge`` whose name carries its unit (``_seconds``,
-``_samples``, ``_samples_per_second``, ``_ratio``). docs/observability.md lists them all.
+priority axis or runtime brings its series with its stats record and nothing here changes.
+
+Names follow Prometheus' conventions: a name ending in ``_total`` is a count, exported as a
+``ray.util.metrics.Counter`` (the stats hold cumulative counts; each export adds what they grew by);
+every other name is a ``Gauge`` whose name carries its unit (``_seconds``, ``_samples``,
+``_samples_per_second``, ``_ratio``). docs/observability.md lists them all.
 
 Every series is tagged with ``run``: the scheduler's name plus a short id of the scheduler actor
 (``pdml-myrun-1a2b3c4d``), so two runs that share a name (the same ``RunConfig.name`` twice) never
