@@ -79,10 +79,18 @@ def _expected() -> dict[tuple[str, frozenset], float]:
 def cluster():
     if ray.is_initialized():
         ray.shutdown()
-    port = _free_port()
-    ray.init(address="local", num_cpus=1, include_dashboard=True, dashboard_port=_free_port(),
-             _metrics_export_port=port, namespace="pdml-prom-test", log_to_driver=False,
-             _system_config={"metrics_report_interval_ms": 1000})  # export every second, not every 10
+    for attempt in range(2):  # a node that times out starting (seen once on a loaded machine) gets one retry
+        port = _free_port()
+        try:
+            ray.init(address="local", num_cpus=1, include_dashboard=True, dashboard_port=_free_port(),
+                     _metrics_export_port=port, namespace="pdml-prom-test", log_to_driver=False,
+                     _system_config={"metrics_report_interval_ms": 1000})  # export every second, not every 10
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt:
+                raise
+            time.sleep(5)
     t0 = time.monotonic()
     handle = create_scheduler(workload.config(RUN), workload.NUM_WORKERS)
     workload.replay(handle, call=lambda h, m, a: ray.get(getattr(h, m).remote(*a)))

@@ -79,15 +79,17 @@ def test_priorities_are_exported_as_metrics(run):
     types = [r["accelerator_type"] for r in ranks]
     sizes = ranks[0]["batch_sizes"]
     wanted = {f'worker="{w}"': (types[w], sizes[w]) for w in range(2)}
+    expected = {tag: float(size) for tag, (_, size) in wanted.items()}
     deadline = time.monotonic() + 45
-    found = {}
-    while time.monotonic() < deadline and len(found) < 2:
+    found: dict = {}
+    # until the newest values show: the first export may still hold the uniform start (decision 0)
+    while time.monotonic() < deadline and found != expected:
         for line in _scrape_all_nodes():
             if line.startswith("ray_pdml_batch_size_samples{"):
                 for tag, (accel, size) in wanted.items():
                     if tag in line and f'accelerator_type="{accel}"' in line:
                         found[tag] = float(line.rsplit(" ", 1)[1])
         time.sleep(1)
-    assert found == {tag: float(size) for tag, (_, size) in wanted.items()}
+    assert found == expected
     names = {l.split("{", 1)[0] for l in _scrape_all_nodes()}
     assert {"ray_pdml_node_priority_ratio", "ray_pdml_grad_weight_ratio", "ray_pdml_decision_version"} <= names
