@@ -112,7 +112,7 @@ def _jsonable(x: Any) -> Any:
             return x.tolist()
     except ImportError:
         pass
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")  # json's `default` protocol: what json raises itself
 
 
 def ratio_key(method: str, baseline: str) -> str:

@@ -35,7 +35,8 @@ from pdml_ray.batching import step_slices
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
-from pdml_ray.errors import ConfigError, PDMLError, UsageError
+from pdml_ray.errors import ConfigError, UsageError
+from pdml_ray.train.result_metrics import pdml_metrics
 from pdml_ray.train.step import NonFiniteCounts, StepBatch, StepScope, _Untimed
 from pdml_ray.train.timing import make_timer
 from pdml_ray.train.wrappers import GradientCombiner, Sync, check_supported, combiner_for, describe, is_fsdp2
@@ -103,7 +104,7 @@ class PDMLContext:
         self._step_overhead = 0.0
         self.nonfinite = NonFiniteCounts(world_size, config.node_priority.max_consecutive_nonfinite)
         """Steps excluded per worker for a NaN or infinite loss, dropped steps (``step.py``)."""
-        self._last_report: WorkerReport | None = None  # the newest timed step's, for ``pdml_metrics``
+        self._last_report: WorkerReport | None = None  # the newest timed step's report (``pdml_metrics``)
         if client is not None:
             client.register(rank, accelerator_type)
         if world_size > 1:
@@ -378,7 +379,7 @@ class PDMLContext:
         """
         if self.report_fn is None:
             raise UsageError("ctx.report needs the Ray Train worker PDMLTrainer launches (it calls ray.train.report)")
-        pdml = self.pdml_metrics()  # before the checkpoint's flush sends the newest step's report away
+        pdml = self.pdml_metrics()
         if checkpoint is not None and self.rank == 0:
             directory = getattr(checkpoint, "path", None)
             if directory is None or not os.path.isdir(directory):
@@ -388,58 +389,9 @@ class PDMLContext:
         self.report_fn({**pdml, **metrics}, checkpoint=checkpoint)  # the user's keys win
 
     def pdml_metrics(self) -> dict[str, float]:
-        """pdml-ray's figures that ``report`` adds to the reported metrics (so to ``Result.metrics``),
-        under keys prefixed ``pdml/``; units in the names as in the exported metrics:
-
-        - this worker: ``pdml/batch_size_samples``, ``pdml/grad_weight_ratio`` and
-          ``pdml/node_priority_ratio`` of the decision in force, ``pdml/decision_version`` (node),
-          ``pdml/global_step``; of its newest timed step ``pdml/step_seconds``,
-          ``pdml/step_compute_seconds``, ``pdml/step_wait_seconds`` and
-          ``pdml/rate_samples_per_second`` (samples / compute); ``pdml/overhead_seconds_total``
-          (its pdml-ray bookkeeping), ``pdml/stale_bundles_total``, and the non-finite guard's
-          ``pdml/nonfinite_excluded_steps_total`` (this worker's) and ``pdml/nonfinite_dropped_steps_total``;
-        - rank 0 only, from one call to the scheduler (left out when it does not answer within 5 s):
-          ``pdml/reports_received_total``, ``pdml/reports_rejected_total``,
-          ``pdml/scheduler_decide_errors_total``, ``pdml/scheduler_decision_requests_total``,
-          ``pdml/scheduler_decision_seconds_total`` and ``pdml/decision_version/<axis>`` for every axis.
-
-        A figure not known yet (no step timed) is left out; values are plain floats.
-        """
-        rank, d = self.rank, self.decision
-        out: dict[str, float] = {
-            "pdml/batch_size_samples": float(d.batch_sizes[rank]), "pdml/grad_weight_ratio": float(d.grad_weights[rank]),
-            "pdml/node_priority_ratio": float(d.shares[rank]),
-            "pdml/decision_version": float(self.versions.get("node", d.version)),
-            "pdml/global_step": float(self.global_step), "pdml/overhead_seconds_total": float(self.overhead_s),
-            "pdml/stale_bundles_total": float(self.stale_bundles),
-            "pdml/nonfinite_excluded_steps_total": float(self.nonfinite.excluded[rank]),
-            "pdml/nonfinite_dropped_steps_total": float(self.nonfinite.dropped_steps)}
-        # the newest timed step: its report waits in the buffer until the next boundary sends it
-        last = self._reports[-1] if self._reports else self._last_report
-        self._last_report = last  # a flush empties the buffer: the next report still has it
-        if last is not None:
-            out["pdml/step_compute_seconds"] = float(last.compute_s)
-            if last.compute_s > 0:
-                out["pdml/rate_samples_per_second"] = last.samples / last.compute_s
-        untimed = self._untimed[max(self._untimed)] if self._untimed else None  # newer, compute not known yet
-        newest = untimed if untimed is not None and (last is None or untimed.batch.step > last.step) else last
-        if newest is not None:
-            out["pdml/step_wait_seconds"] = float(newest.wait_s)
-            if math.isfinite(newest.step_s):
-                out["pdml/step_seconds"] = float(newest.step_s)
-        if self.rank == 0 and self.client is not None and self.client.available:
-            try:
-                stats = self.client.call("stats", timeout_s=5.0)
-            except PDMLError as e:  # the scheduler is slow, dead or restarting: report without its figures
-                log.debug("ctx.report: no scheduler figures (%s)", e)
-            else:
-                out.update({"pdml/reports_received_total": float(stats.reports_received),
-                            "pdml/reports_rejected_total": float(stats.reports_rejected),
-                            "pdml/scheduler_decide_errors_total": float(stats.decide_errors),
-                            "pdml/scheduler_decision_requests_total": float(stats.decision_requests),
-                            "pdml/scheduler_decision_seconds_total": float(stats.decision_s)})
-                out.update({f"pdml/decision_version/{axis}": float(v) for axis, v in stats.versions.items()})
-        return out
+        """pdml-ray's figures that ``report`` adds to the reported metrics, keys prefixed ``pdml/``
+        (``pdml_ray.train.result_metrics`` lists them)."""
+        return pdml_metrics(self)
 
     def save_scheduler_state(self, directory: str) -> bool:
         """Rank 0: write the scheduler's state (estimates, decisions, sample table), the decision in force
@@ -486,11 +438,12 @@ class PDMLContext:
         sample_losses = None
         if self.config.sample_priority is not None and per_sample is not None:
             sample_losses = per_sample.float().cpu().numpy()
-        self._reports.append(WorkerReport(
+        self._last_report = WorkerReport(
             worker_id=self.rank, step=step, samples=max(len(u.batch.indices), 0),
             compute_s=(span_s - u.launch_s if span_s > u.launch_s else span_s) + u.sleep_s, wait_s=u.wait_s, step_s=u.step_s,
             overhead_s=u.overhead_s, loss=loss, accelerator_type=self.accelerator_type,
-            sample_indices=u.batch.indices if sample_losses is not None else None, sample_losses=sample_losses))
+            sample_indices=u.batch.indices if sample_losses is not None else None, sample_losses=sample_losses)
+        self._reports.append(self._last_report)
         dt = time.perf_counter() - t0
         self._step_overhead += dt
         self.overhead_s += dt
