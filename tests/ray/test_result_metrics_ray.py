@@ -65,7 +65,8 @@ def test_result_metrics_carry_the_pdml_figures_next_to_the_users(result):
     assert not missing, (missing, sorted(k for k in m if k.startswith("pdml/")))
     # rank 0 (whose metrics Ray Train keeps) is the fast worker: the larger share, under the decision in force
     assert m["pdml/batch_size_samples"] > 32 and m["pdml/grad_weight_ratio"] == m["pdml/batch_size_samples"] / 64
-    assert m["pdml/decision_version"] == m["pdml/decision_version/node"] >= 1
+    # the worker's decision in force, and the scheduler's newest (it may have decided one not adopted yet)
+    assert 1 <= m["pdml/decision_version"] <= m["pdml/decision_version/node"]
     assert 0 < m["pdml/step_compute_seconds"] < 5 and m["pdml/step_seconds"] >= m["pdml/step_compute_seconds"] * 0.5
     assert m["pdml/rate_samples_per_second"] == pytest.approx(m["pdml/batch_size_samples"] / m["pdml/step_compute_seconds"],
                                                               rel=1e-6) or m["pdml/rate_samples_per_second"] > 0
