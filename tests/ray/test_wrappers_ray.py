@@ -79,8 +79,9 @@ def test_two_concurrent_runs_get_their_own_scheduler(ray_local, tmp_path):
 
 def test_a_plain_module_gets_ddp_and_its_buffers_follow_rank_0(ray_local, tmp_path):
     out = tmp_path / "buffers.json"
+    # min_batch: the model has BatchNorm, which cannot train on one sample (a noisy split once gave rank 1 one)
     config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=128, emulated_speeds=[1.0, 0.5],
-                                                         decision_interval=2, warmup_steps=1))
+                                                         decision_interval=2, warmup_steps=1, min_batch=8))
     PDMLTrainer(buffers_loop, train_loop_config={"out": str(out)}, scaling_config=ray.train.ScalingConfig(num_workers=2),
                 run_config=ray.train.RunConfig(name="wrappers-buffers", storage_path=str(tmp_path)),
                 pdml_config=config).fit()
