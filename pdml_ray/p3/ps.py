@@ -223,9 +223,14 @@ class P3PSWorker:
         return torch.cat([p.detach().reshape(-1) for ps in self.layer_params for p in ps])
 
     def close(self) -> None:
+        """Stop and join the link threads (one left inside a tensor copy when the interpreter exits
+        aborts the process) and remove the hooks."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=30.0)
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -119,7 +119,9 @@ def test_the_window_bounds_the_bytes_on_the_emulated_link():
 
 
 def test_p3_first_layer_forward_starts_before_the_last_update_arrives():
-    link = LinkModel(bandwidth_Bps=2e6)  # ~0.6 ms per 1.2 KB slice, ~40 ms per round: EMULATED
+    # ~4.8 ms per 1.2 KB slice, EMULATED: slow enough that a backlog of later layers' slices builds up
+    # behind layer 0's even when a loaded machine slows compute 3x (at 0.6 ms per slice it did not)
+    link = LinkModel(bandwidth_Bps=2.5e5)
     _, _, runs = train_ps("p3", num_shards=3, link=link)
     overlapped = 0
     for step in range(1, STEPS):
