@@ -120,6 +120,30 @@ def test_the_fit_with_noise_recovers_the_line():
     assert math.sqrt(line.noise_var) == pytest.approx(0.05 * (0.05 + 72 / 2000), rel=0.3)
 
 
+def test_a_kept_line_is_the_line_refitted_from_scratch_after_every_change():
+    rng = np.random.default_rng(5)
+    fit = StepTimeFit(3, alpha=0.1)
+
+    def fresh(i):  # a copy without kept lines
+        other = StepTimeFit(3, alpha=0.1)
+        other.load_state_dict(fit.state_dict())
+        return other.fit(i)
+
+    for k in range(60):
+        i = int(rng.integers(0, 3))
+        b = int(rng.integers(8, 64))
+        fit.update(i, b, 0.01 + b / 1000 * (1 + 0.1 * rng.standard_normal()))
+        if k == 30:
+            fit.reset(1)
+        if k == 45:  # a loaded state replaces every kept line
+            saved = fit.state_dict()
+            fit.update(0, 32, 5.0)
+            fit.load_state_dict(saved)
+        for j in range(3):
+            if fit.stats["w"][j] > 0:
+                assert fit.fit(j) == fresh(j)
+
+
 # -- the targets ------------------------------------------------------------------------
 
 def test_a_fixed_cost_no_longer_biases_the_shares():
