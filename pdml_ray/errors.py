@@ -26,6 +26,11 @@ class StateError(PDMLError, ValueError):
     """Saved state (a checkpoint, a replay log) does not fit the run it is loaded into."""
 
 
+class ResultError(PDMLError, TypeError):
+    """A result to be written (a benchmark's JSON) holds a value JSON cannot represent; also a
+    ``TypeError``, what ``json.dumps`` callers expect from a ``default`` hook."""
+
+
 class UsageError(PDMLError, RuntimeError):
     """An API was called in the wrong place or order (outside a training loop, before prepare_model)."""
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from pdml_ray.errors import UsageError
+from pdml_ray.errors import ResultError, UsageError
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +112,7 @@ def _jsonable(x: Any) -> Any:
             return x.tolist()
     except ImportError:
         pass
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")  # json's `default` protocol: what json raises itself
+    raise ResultError(f"not JSON serialisable: {type(x).__name__}")
 
 
 def ratio_key(method: str, baseline: str) -> str:

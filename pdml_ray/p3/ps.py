@@ -229,8 +229,7 @@ class P3PSWorker:
             self._stop = True
             self._cond.notify_all()
         for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(timeout=30.0)
+            t.join(timeout=30.0)
         for h in self._handles:
             h.remove()
         self._handles = []
