@@ -22,8 +22,8 @@ Layers (imports only point down; ``tests/unit/test_layering.py`` enforces it):
 from pdml_ray.config import (DEFAULT_ACCELERATOR_PRIOR, ContinuityConfig, NodePriorityConfig, OspreyConfig,
                              PDMLConfig, PipelineConfig, SamplePriorityConfig)
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
-from pdml_ray.errors import (ConfigError, NonFiniteError, PDMLError, PlanError, ReportError, SchedulerUnavailableError,
-                             StateError, UsageError)
+from pdml_ray.errors import (ConfigError, NonFiniteError, PDMLError, PlanError, ReportError, ResultError,
+                             SchedulerUnavailableError, StateError, UsageError)
 from pdml_ray.pipeline import Action, Plan, make_scheduler, validate
 from pdml_ray.scheduler import Scheduler, SchedulerStats
 
@@ -55,6 +55,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "ReportError",
+    "ResultError",
     "SampleDecision",
     "SamplePlan",
     "SamplePriorityConfig",
