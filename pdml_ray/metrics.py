@@ -22,11 +22,13 @@ that exports them: the scheduler actor's, or the driver running a pipeline or st
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -173,9 +175,10 @@ class PriorityGauges:
                 age = now - self._set_at.get(key, -math.inf)
                 if (key in self._held and age >= self.min_set_s) or age >= self.refresh_s:
                     touched += self._set(key, now)
-        if self._refresher is None and self.refresh_s > 0:
+        if self._refresher is None and self.refresh_s > 0 and not self._stopped.is_set():
             self._refresher = threading.Thread(target=self._refresh_loop, name="pdml-metrics-refresh", daemon=True)
             self._refresher.start()
+            _open_with_thread().add(self)
         return touched
 
     def _set(self, key: Key, now: float) -> int:
@@ -207,8 +210,36 @@ class PriorityGauges:
                 log.warning("refreshing pdml-ray's gauges failed", exc_info=True)
 
     def close(self) -> None:
-        """Stop the refresh thread (the series then age out of Ray's metrics agent)."""
+        """Stop the refresh thread and wait for it (the series then age out of Ray's metrics agent).
+
+        Waiting matters: a daemon thread still inside Ray's native ``Gauge.set`` when the process exits
+        (or when ``ray.shutdown`` frees the core worker) can crash the process. Gauges never closed are
+        closed at interpreter exit, before Ray's own exit handler shuts Ray down."""
         self._stopped.set()
+        refresher = self._refresher
+        if refresher is not None and refresher is not threading.current_thread():
+            refresher.join(timeout=CLOSE_TIMEOUT_S)
+
+
+CLOSE_TIMEOUT_S = 5.0
+"""How long ``PriorityGauges.close`` waits for the refresh thread's current pass."""
+
+_OPEN: weakref.WeakSet[PriorityGauges] | None = None
+
+
+def _open_with_thread() -> weakref.WeakSet[PriorityGauges]:
+    """The gauges whose refresh thread runs; the first call registers closing them at exit (registered
+    after ``ray`` was imported, so it runs before Ray's ``atexit`` shutdown: handlers run last-in first)."""
+    global _OPEN
+    if _OPEN is None:
+        _OPEN = weakref.WeakSet()
+        atexit.register(_close_all)
+    return _OPEN
+
+
+def _close_all() -> None:
+    for gauges in list(_OPEN or ()):
+        gauges.close()
 
 
 def export_or_warn(gauges: PriorityGauges | None, stats: GaugeSource) -> None:

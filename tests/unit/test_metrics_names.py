@@ -7,6 +7,8 @@ import dataclasses
 import json
 import math
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -226,3 +228,26 @@ def test_gauges_are_set_again_within_rays_report_interval_even_unchanged():
     time.sleep(0.3)  # the thread has re-set them meanwhile
     assert min(timed._set_at.values()) > time.monotonic() - 0.2
     timed.close()
+    assert not timed._refresher.is_alive()  # joined: no thread left inside Ray's native code at exit
+    timed.export(stats)
+    assert not timed._refresher.is_alive()  # an export after close starts no new thread
+
+
+def test_gauges_left_open_are_closed_at_interpreter_exit(tmp_path):
+    """A refresh thread still running at exit would be inside Ray's native Gauge.set while the
+    interpreter finalizes: the atexit hook stops and joins it first."""
+    script = tmp_path / "left_open.py"
+    script.write_text(
+        "import atexit\n"
+        "atexit.register(lambda: print('alive after close:', g._refresher.is_alive(), flush=True))  # runs last\n"
+        "from pdml_ray.metrics import PriorityGauges\n"
+        "from pdml_ray.priority.base import GaugeValue\n"
+        "class Stats:\n"
+        "    def gauges(self):\n"
+        "        return [GaugeValue('pdml_x_seconds', 'x', 1.0)]\n"
+        "g = PriorityGauges('pdml-exit', run_id='0', refresh_s=0.01, min_set_s=0.01, source=Stats)\n"
+        "g.export(Stats())\n"
+        "print('alive:', g._refresher.is_alive(), flush=True)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["alive:", "True", "alive", "after", "close:", "False"], out.stdout
