@@ -183,6 +183,7 @@ REPORTS = st.one_of(REPORTS, REPORTS, REPORTS, REPORTS, st.builds(
 
 
 @FUZZ
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")  # a drawn loss array of thousands of values
 @given(st.lists(st.one_of(REPORTS, REPORTS, REPORTS, NASTY), max_size=6), st.booleans())
 def test_report_batches_never_raise_and_every_report_is_counted_once(batch, sample):
     FUZZED["worker reports"] += len(batch)
