@@ -216,9 +216,8 @@ class PriorityGauges:
         (or when ``ray.shutdown`` frees the core worker) can crash the process. Gauges never closed are
         closed at interpreter exit, before Ray's own exit handler shuts Ray down."""
         self._stopped.set()
-        refresher = self._refresher
-        if refresher is not None and refresher is not threading.current_thread():
-            refresher.join(timeout=CLOSE_TIMEOUT_S)
+        if self._refresher is not None:  # never the caller: the refresh thread does not close
+            self._refresher.join(timeout=CLOSE_TIMEOUT_S)
 
 
 CLOSE_TIMEOUT_S = 5.0
