@@ -236,6 +236,12 @@ class SchedulerClient:
     def record_measurement(self, name: str, value: float) -> None:
         self._send("record_measurement", name, value)
 
+    def observe(self, axis: str, step: int, rows: Sequence[tuple]) -> None:
+        """Fire-and-forget: one step's telemetry for ``axis`` beyond worker reports (the pipeline's action
+        latencies). Lost, and counted in ``reports_dropped``, while the scheduler is unreachable."""
+        if self._send("observe", axis, step, rows) is None:
+            self.reports_dropped += len(rows)
+
     def request(self, boundary: Boundary, since: Mapping[str, int]) -> None:
         """Put one bundle request in flight (at most one is pending)."""
         if self._pending is None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from pdml_ray.batching import round_to_batch_sizes
 from pdml_ray.errors import PlanError
+from pdml_ray.pipeline.plan import Plan, validate as validate_plan
 
 
 MIN_COMPUTE_S = 1e-6
@@ -356,6 +357,42 @@ class GradientDecision:
         a, b, g = self.weights
         return (f"GradientDecision v{self.version} @step {self.effective_step}: priorities [{pri}], "
                 f"K {self.k_fraction:.2f}, weights ({a:.2f}, {b:.2f}, {g:.2f}) ({self.reason})")
+
+
+@dataclass(frozen=True, slots=True)
+class MicroBatchPlan:
+    """The pipeline axis's decision: the micro-batch plan of the global step ``effective_step``.
+
+    ``record`` is the adaptive schedule's reason for it (osprey's lane weights and bottlenecks, auto's
+    choice), a JSON-able dict; None for a static schedule."""
+
+    version: int
+    effective_step: int
+    plan: Plan
+    record: Mapping | None = None
+
+    def validate(self) -> None:
+        """Raise PlanError unless the plan is well formed (``pdml_ray.pipeline.plan.validate``)."""
+        if not isinstance(self.plan, Plan):
+            raise PlanError(f"micro-batch plan v{self.version}: plan must be a Plan, got {type(self.plan).__name__}")
+        validate_plan(self.plan)
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "effective_step": self.effective_step, "plan": self.plan.to_dict(),
+                "record": dict(self.record) if self.record is not None else None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MicroBatchPlan":
+        """The decision ``to_dict`` wrote; the plan is validated (PlanError otherwise)."""
+        if not isinstance(d, dict) or not {"version", "effective_step", "plan"} <= set(d):
+            raise PlanError("a micro-batch plan must be a mapping with version, effective_step and plan")
+        return cls(version=d["version"], effective_step=d["effective_step"], plan=Plan.from_dict(d["plan"]),
+                   record=d.get("record"))
+
+    def __str__(self) -> str:
+        p = self.plan
+        return (f"MicroBatchPlan v{self.version} @step {self.effective_step}: {p.schedule or 'plan'} over "
+                f"{p.num_stages} stages x {list(p.replicas)}, {p.num_microbatches} micro-batches")
 
 
 class Decision(Protocol):

@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,9 +36,9 @@ import numpy as np
 from pdml_ray.client import PackedReports
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, Rejection, StepBundle, WorkerReport
-from pdml_ray.errors import PDMLError, ReportError, StateError
+from pdml_ray.errors import ConfigError, PDMLError, ReportError, StateError
 from pdml_ray.priority.base import Deriver
-from pdml_ray.priority.registry import make_derivers
+from pdml_ray.priority.registry import DERIVERS, make_derivers
 from pdml_ray.scheduler_stats import (_LOG_COLUMNS, _RECENT_ROWS_PER_WORKER, ReportLog, SchedulerStats,
                                       recent_worker_times)
 
@@ -61,16 +61,22 @@ class Scheduler:
     """Central state of one training run: derivers, versioned decisions, telemetry log."""
 
     def __init__(self, config: PDMLConfig, num_workers: int, max_log_rows: int = 200_000):
-        config.node_priority.check_workers(num_workers)
+        if config.node_priority is not None:
+            config.node_priority.check_workers(num_workers)
         self.config = config
         self.num_workers = num_workers
         self.derivers: dict[str, Deriver] = make_derivers(config, num_workers)
+        if not self.derivers:
+            raise ConfigError("this PDMLConfig enables no priority axis: set the section of each axis the run needs "
+                              f"({', '.join(DERIVERS[n].config_field for n in DERIVERS)}); a Ray Train run needs "
+                              "node_priority=NodePriorityConfig(global_batch_size=...)")
         for deriver in self.derivers.values():
             deriver.bind(self.derivers)
         self.versions: dict[str, int] = {}
         self.current: dict[str, Decision] = {}  # newest published decision per deriver
         self.history_rows = _history_rows(num_workers, _HISTORY_NUMBERS)
-        self.history: dict[str, deque[Decision]] = {name: deque(maxlen=self.history_rows) for name in self.derivers}
+        self.history: dict[str, deque[Decision]] = {name: deque(maxlen=d.history_rows or self.history_rows)
+                                                    for name, d in self.derivers.items()}
         self.num_samples: int | None = None
         self.reports_received = 0
         self.reports_rejected = 0
@@ -116,6 +122,35 @@ class Scheduler:
         self.num_samples = num_samples
         for deriver in self.derivers.values():
             deriver.on_dataset(num_samples)
+
+    def set_shape(self, axis: str, shape: Mapping[str, Any]) -> None:
+        """A runtime announces the shape axis ``axis`` plans for (the pipeline runtime: its stages,
+        replicas per stage and micro-batches per step); ReportError if the axis is off or refuses it."""
+        self._axis(axis).on_shape(shape)
+
+    def observe(self, axis: str, step: int, rows: Sequence[Any]) -> bool:
+        """One step's telemetry for axis ``axis`` beyond worker reports (the pipeline runtime: each action's
+        latency, as (stage, replica, 'F' or 'B', microbatch, seconds) tuples). Checked whole first: a
+        malformed observation is refused and counted like a malformed report (False), never half-used."""
+        deriver = self._axis(axis)
+        t0 = time.perf_counter()
+        rejection = deriver.observation_rejection(rows)
+        if rejection is None and not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step):
+            rejection = Rejection("step", f"observe: step must be an integer >= 0, got {step!r:.40}")
+        if rejection is not None:
+            self._reject(rejection)
+            return False
+        deriver.observe(step, rows)
+        self.last_step = max(self.last_step, step)
+        self.ingest_s += time.perf_counter() - t0
+        return True
+
+    def _axis(self, axis: str) -> Deriver:
+        deriver = self.derivers.get(axis) if isinstance(axis, str) else None
+        if deriver is None:
+            raise ReportError(f"axis {axis!r:.40} is not enabled in this run (enabled: {list(self.derivers)}); set its "
+                              "PDMLConfig section")
+        return deriver
 
     def report(self, reports: list[WorkerReport] | PackedReports) -> None:
         """Ingest a batch of reports (fire-and-forget from workers): a list of ``WorkerReport`` or the
@@ -248,7 +283,8 @@ class Scheduler:
                               ingest_s=self.ingest_s, measurements=dict(self.measurements),
                               derivers={name: s for name, s in per_deriver.items() if s is not None},
                               rejected_by_kind=dict(self.rejected_by_kind), decide_errors=self.decide_errors,
-                              emulation=self.config.node_priority.emulation, decision_s=self.decision_s,
+                              emulation=self.config.node_priority.emulation if self.config.node_priority else None,
+                              decision_s=self.decision_s,
                               decision_requests=self.decision_requests, last_decision_s=self.last_decision_s,
                               worker_times=recent_worker_times(
                                   self._log.newest(_RECENT_ROWS_PER_WORKER * self.num_workers), self.num_workers))

@@ -299,6 +299,18 @@ class MeteredScheduler(Scheduler):
         with self._lock:
             super().record_measurement(name, value)
 
+    def set_shape(self, axis: str, shape: Mapping[str, Any]) -> None:
+        with self._lock:
+            super().set_shape(axis, shape)
+
+    @ray.method(concurrency_group="decisions")
+    def observe(self, axis: str, step: int, rows: Any) -> bool:  # type: ignore[override]  # ray.method's stub
+        # on the decisions thread: a runtime's observation and its next plan request run in the order sent
+        with self._lock:
+            taken = super().observe(axis, step, rows)
+        self._export()
+        return taken
+
     def set_dataset_size(self, num_samples: int) -> None:
         with self._lock:
             super().set_dataset_size(num_samples)
@@ -327,7 +339,7 @@ class MeteredScheduler(Scheduler):
         now = time.monotonic()
         if not force and now - self._exported_at < EXPORT_INTERVAL_S:
             return
-        if len(self.registered) == self.num_workers or self.reports_received:
+        if len(self.registered) == self.num_workers or self.reports_received or self.last_step >= 0:
             self._exported_at = now
             self.gauges.export(self.stats())
 

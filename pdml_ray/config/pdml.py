@@ -19,9 +19,9 @@ from pdml_ray.errors import ConfigError
 
 
 _SECTIONS: dict[str, tuple[type, bool]] = {
-    "node_priority": (NodePriorityConfig, False), "sample_priority": (SamplePriorityConfig, True),
+    "node_priority": (NodePriorityConfig, True), "sample_priority": (SamplePriorityConfig, True),
     "gradient_priority": (GradientPriorityConfig, True), "continuity": (ContinuityConfig, False),
-    "pipeline": (PipelineConfig, False), "p3": (P3Config, True)}
+    "pipeline": (PipelineConfig, True), "p3": (P3Config, True)}
 """Each section field: its config class and whether None is allowed."""
 
 
@@ -29,15 +29,20 @@ _SECTIONS: dict[str, tuple[type, bool]] = {
 class PDMLConfig:
     """Everything pdml-ray needs to know, one section per component."""
 
-    node_priority: NodePriorityConfig = field(default_factory=NodePriorityConfig)
+    node_priority: NodePriorityConfig | None = None
+    """None (the default) builds no node axis, as a runtime without node priorities needs (the pipeline
+    and straggler runtimes). Ray Train runs (``PDMLTrainer``) require it: the global batch size is its
+    ``global_batch_size``."""
     sample_priority: SamplePriorityConfig | None = None
     """None (the default) keeps uniform sampling: a seeded permutation per epoch."""
     gradient_priority: GradientPriorityConfig | None = None
     """None (the default) derives no gradient priorities; set it for the straggler runtime's top-K and
     async policies (``pdml_ray.priority.gradient``)."""
     continuity: ContinuityConfig = field(default_factory=ContinuityConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    """Micro-batch scheduling for the pipeline runtime (schedule name, osprey knobs, memory limit)."""
+    pipeline: PipelineConfig | None = None
+    """None (the default) builds no pipeline axis. Set it for the pipeline runtime
+    (``pdml_ray.runtime.pipeline``): the scheduler's ``pipeline`` deriver plans every step's micro-batches
+    with the schedule it names (static, osprey or auto; osprey knobs, memory limit)."""
     p3: P3Config | None = None
     """None (the default): gradients go through DDP's hook. Set it for P3 ordering: per-slice all-reduces in
     priority order with per-layer optimizer steps (``pdml_ray.train.p3_sync``), and the simulator's settings."""
@@ -63,6 +68,14 @@ class PDMLConfig:
                 f"namespace must be a non-empty string (the Ray namespace), got {self.namespace!r}")
         require(self.scheduler_name is None or (isinstance(self.scheduler_name, str) and bool(self.scheduler_name)),
                 "scheduler_name must be a non-empty string, or None to name it after the run")
+
+    @property
+    def node(self) -> NodePriorityConfig:
+        """The node section, for code that runs only with node priorities (the Ray Train path)."""
+        if self.node_priority is None:
+            raise ConfigError("this needs node priorities: set PDMLConfig(node_priority=NodePriorityConfig("
+                              "global_batch_size=...)), the samples per optimizer step over all workers")
+        return self.node_priority
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PDMLConfig":

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from pdml_ray.config import PDMLConfig
-from pdml_ray.decisions import Boundary, Decision, WorkerReport
+from pdml_ray.decisions import Boundary, Decision, Rejection, WorkerReport
+from pdml_ray.errors import ReportError
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,8 @@ class Deriver:
     name: ClassVar[str]
     keep_history: ClassVar[bool] = True
     """Whether the scheduler keeps every published decision (False for large ones, e.g. sample plans)."""
+    history_rows: ClassVar[int | None] = None
+    """Most decisions the scheduler keeps for this axis (None: its default bound by the number of workers)."""
 
     def __init__(self, config: PDMLConfig, num_workers: int) -> None:
         self.config = config
@@ -66,6 +69,18 @@ class Deriver:
 
     def on_dataset(self, num_samples: int) -> None:
         """Rank 0 announced the data set size."""
+
+    def on_shape(self, shape: Mapping[str, Any]) -> None:
+        """A runtime announced the shape this axis plans for (the pipeline's stages x replicas); an axis
+        that takes no shape refuses one."""
+        raise ReportError(f"the {self.name!r} axis takes no shape (set_shape is for the pipeline axis)")
+
+    def observation_rejection(self, rows: object) -> Rejection | None:
+        """Why one step's axis telemetry (``Scheduler.observe``) cannot be taken whole, or None."""
+        return Rejection("axis", f"the {self.name!r} axis takes no telemetry besides worker reports")
+
+    def observe(self, step: int, rows: Sequence[Any]) -> None:
+        """Fold one step's axis telemetry in (checked first by ``observation_rejection``)."""
 
     def initial(self) -> Decision | None:
         """The decision in force before the first boundary (unstamped), if the axis has one."""

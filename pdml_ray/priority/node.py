@@ -133,7 +133,7 @@ class NodePriorityDeriver(Deriver):
 
     def __init__(self, config: PDMLConfig, num_workers: int, accelerator_types: Sequence[str] | None = None):
         super().__init__(config, num_workers)
-        self.node_config = cfg = config.node_priority
+        self.node_config = cfg = config.node
         cfg.check_workers(num_workers)
         self.accelerator_types = list(accelerator_types or ["CPU"] * num_workers)
         self.fit = StepTimeFit(num_workers, cfg.ema_alpha)

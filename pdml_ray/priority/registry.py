@@ -1,7 +1,8 @@
 """The one registry of priority derivers: name -> class and the ``PDMLConfig`` field that enables it.
 
-A deriver is enabled when its config field is not None (node priorities always are: with
-``enabled=False`` they keep uniform shares but still measure). Order matters: derivers decide in
+A deriver is enabled when its config field is not None, so a run builds only the axes it configures
+(a Ray Train run sets ``node_priority``; with ``enabled=False`` it keeps uniform shares but still
+measures; the pipeline runtime sets ``pipeline`` and may leave the node axis off). Order matters: derivers decide in
 this order at a boundary, and each sees what the ones before it decided (sample plans are sized by
 the node decision). A new axis is one entry here, one config field and one module.
 """
@@ -28,6 +29,7 @@ DERIVERS: dict[str, DeriverEntry] = {
     "node": DeriverEntry("pdml_ray.priority.node:NodePriorityDeriver", "node_priority"),
     "sample": DeriverEntry("pdml_ray.priority.sample_deriver:SamplePriorityDeriver", "sample_priority"),
     "gradient": DeriverEntry("pdml_ray.priority.gradient:GradientPriorityDeriver", "gradient_priority"),
+    "pipeline": DeriverEntry("pdml_ray.priority.pipeline:PipelineDeriver", "pipeline"),
 }
 
 

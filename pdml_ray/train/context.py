@@ -72,10 +72,10 @@ class PDMLContext:
         self.world_size = world_size
         self.device = device
         self.accelerator_type = accelerator_type
-        speeds = config.node_priority.emulated_speeds
+        speeds = config.node.emulated_speeds
         self.speed = speeds[rank] if speeds else 1.0
         self.client = client
-        self.decision = NodeDecision.uniform(config.node_priority.batch, world_size)
+        self.decision = NodeDecision.uniform(config.node.batch, world_size)
         self.versions: dict[str, int] = {"node": self.decision.version}  # newest adopted version per deriver
         self.adopted: list[tuple[int, int, tuple[int, ...]]] = []  # (step, version, batch_sizes)
         self.stale_bundles = 0  # bundles that arrived after the step they were for (dropped)
@@ -102,7 +102,7 @@ class PDMLContext:
         self._num_samples: int | None = None
         self._step_t0 = time.perf_counter()
         self._step_overhead = 0.0
-        self.nonfinite = NonFiniteCounts(world_size, config.node_priority.max_consecutive_nonfinite)
+        self.nonfinite = NonFiniteCounts(world_size, config.node.max_consecutive_nonfinite)
         """Steps excluded per worker for a NaN or infinite loss, dropped steps (``step.py``)."""
         self._last_report: WorkerReport | None = None  # the newest timed step's report (``pdml_metrics``)
         if client is not None:
@@ -216,7 +216,7 @@ class PDMLContext:
                 offset += total
                 step += 1
         else:
-            for k in range(start, math.ceil(num_samples / self.config.node_priority.batch)):
+            for k in range(start, math.ceil(num_samples / self.config.node.batch)):
                 before(step)
                 plan = self._plans.pop(step, None) or self._uniform_plan(step)
                 sizes = [len(i) for i in plan.indices]
@@ -265,7 +265,7 @@ class PDMLContext:
         """Start of a step: decisions effective from it take over; at a boundary, fetch new ones."""
         while self._upcoming and self._upcoming[0].effective_step <= self.global_step:
             self._in_force(self._upcoming.pop(0))
-        if self.global_step % self.config.node_priority.decision_interval == 0:
+        if self.global_step % self.config.node.decision_interval == 0:
             self._boundary()
 
     def _in_force(self, decision: NodeDecision) -> None:
@@ -297,7 +297,7 @@ class PDMLContext:
     def _boundary(self) -> None:
         """At every ``decision_interval``-th step: flush reports, rank 0 polls, everyone adopts together.
         What the bundle brings takes effect ``lead_steps`` from now (at once with ``epoch()``)."""
-        k, lead = self.config.node_priority.decision_interval, self.lead_steps
+        k, lead = self.config.node.decision_interval, self.lead_steps
         t0 = time.perf_counter()
         bundle = None
         if self.rank == 0 and self.client is not None:
@@ -333,7 +333,7 @@ class PDMLContext:
         self.overhead_s += dt
 
     def _boundary_for(self, first_step: int) -> Boundary:
-        return Boundary(first_step, self.config.node_priority.decision_interval, self.decision_at(first_step).batch_sizes)
+        return Boundary(first_step, self.config.node.decision_interval, self.decision_at(first_step).batch_sizes)
 
     def _adopt(self, bundle: StepBundle) -> None:
         """Adopt each decision for exactly the step the scheduler stamped on it; a late one is dropped
@@ -346,7 +346,7 @@ class PDMLContext:
                 continue
             self.versions[name] = decision.version
             if isinstance(decision, NodeDecision):
-                decision.validate(self.config.node_priority.batch)
+                decision.validate(self.config.node.batch)
                 if effective == self.global_step:
                     self._in_force(decision)
                 else:
@@ -474,4 +474,4 @@ class StepBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Steps in the epoch: ceil(N / B) (a resumed epoch has fewer)."""
-        return math.ceil(self.num_samples / self.ctx.config.node_priority.batch)
+        return math.ceil(self.num_samples / self.ctx.config.node.batch)

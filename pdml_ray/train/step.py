@@ -170,7 +170,7 @@ class StepScope:
         total = (per_sample_loss.sum() if w is None
                  else per_sample_loss.float() @ torch.as_tensor(w, device=per_sample_loss.device))
         combiner, weight = self.ctx._combiner, self.batch.grad_weight
-        if combiner is not None and self.ctx.config.node_priority.check_nonfinite and self._guard is None:
+        if combiner is not None and self.ctx.config.node.check_nonfinite and self._guard is None:
             weight, surrogate = self._guard_loss(weight)
             if surrogate is not None:
                 return surrogate
@@ -230,7 +230,7 @@ class StepScope:
         self._ended = True
         ctx, timer = self.ctx, self.ctx._timer
         timer.end()
-        per_sample_s = ctx.config.node_priority.emulated_per_sample_s
+        per_sample_s = ctx.config.node.emulated_per_sample_s
         if per_sample_s is not None:  # sleep compute mode: the sleep is the (emulated) compute
             self._sleep_s = sleep_compute(len(self.batch.indices), per_sample_s, ctx.speed)
         elif ctx.speed < 1.0:  # waits only for this step's own compute (never a collective: it comes later)
@@ -305,7 +305,7 @@ class StepScope:
     def _stop(self, rank: int | None, count: int) -> None:
         """Every rank raises the same error (they all hold the same flags): the run ends, nobody hangs."""
         ctx = self.ctx
-        limit = ctx.config.node_priority.max_consecutive_nonfinite
+        limit = ctx.config.node.max_consecutive_nonfinite
         step = self.batch.step
         if rank is None:
             raise NonFiniteError(

@@ -47,7 +47,7 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     pdml_config = PDMLConfig.from_dict(pdml["config"])
     train_ctx = ray.train.get_context()
     device = ray.train.torch.get_device()
-    accel = detect_accelerator_type(device, list(pdml_config.node_priority.accelerator_prior()))
+    accel = detect_accelerator_type(device, list(pdml_config.node.accelerator_prior()))
     assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
     client = SchedulerClient(RayTransport(pdml_config.scheduler_name, pdml_config.namespace))
     context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
@@ -121,7 +121,7 @@ class PDMLTrainer:
                               f"N >= 1; got num_workers={workers!r} (elastic ranges are not supported: batch "
                               "shares are split over a fixed set of ranks)")
         self.num_workers = workers
-        self.pdml_config.node_priority.check_workers(self.num_workers)
+        self.pdml_config.node.check_workers(self.num_workers)
         self.keep_scheduler = keep_scheduler
         self.scheduler = None  # the scheduler actor's handle after fit() when keep_scheduler=True
         self.kwargs = torch_trainer_kwargs
@@ -138,8 +138,8 @@ class PDMLTrainer:
         from ray.train.torch import TorchTrainer
 
         pdml_config = dataclasses.replace(self.pdml_config, scheduler_name=self.scheduler_name())
-        if pdml_config.node_priority.emulation:  # said where the user looks, not only in the stats
-            print(f"pdml-ray ({pdml_config.scheduler_name}): {pdml_config.node_priority.emulation}", flush=True)
+        if pdml_config.node.emulation:  # said where the user looks, not only in the stats
+            print(f"pdml-ray ({pdml_config.scheduler_name}): {pdml_config.node.emulation}", flush=True)
         scheduler = create_scheduler(pdml_config, self.num_workers)
         ray.get(scheduler.ping.remote())
         loop = self.loop

@@ -66,7 +66,7 @@ def classification_loop(config: dict) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     every = config.get("progress_every", 0)
     label = config.get("label", "")
-    steps_total = config["epochs"] * -(-config["num_samples"] // ctx.config.node_priority.batch)
+    steps_total = config["epochs"] * -(-config["num_samples"] // ctx.config.node.batch)
     t_start = time.perf_counter()
     for epoch in range(config["epochs"]):
         for batch in ctx.epoch(epoch, len(x)):

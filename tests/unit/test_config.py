@@ -71,6 +71,8 @@ def test_a_missing_global_batch_size_is_refused_with_the_fix():
     from pdml_ray.scheduler import Scheduler
 
     with pytest.raises(ConfigError, match="global_batch_size is not set"):
+        Scheduler(PDMLConfig(node_priority=NodePriorityConfig()), 2)
+    with pytest.raises(ConfigError, match="enables no priority axis.*node_priority=NodePriorityConfig"):
         Scheduler(PDMLConfig(), 2)
     assert NodePriorityConfig(global_batch_size=64).batch == 64
 

@@ -1,0 +1,187 @@
+"""The pipeline axis: the micro-batch schedule of every global step, derived by the run's scheduler.
+
+The schedule itself (static, osprey or auto, named by ``PipelineConfig.schedule``) is the pure
+``pdml_ray.pipeline`` object it always was; this deriver hosts it inside the one ``Scheduler`` so that
+a pipeline run has the same version stamps, history, replay, ``pdml-ray status`` and metrics as every
+other axis:
+
+    on_shape({"stages", "replicas", "microbatches"})   the runtime announces the pipeline it runs
+    observe(step, rows)          one step's action latencies, rows of (stage, replica, kind, microbatch,
+                                 seconds) as plain tuples (cheap to send, like ``PackedReports``)
+    decide(boundary, earlier)    the plan for ``boundary.first_step``: a ``MicroBatchPlan``
+
+The runtime asks for step t+1's plan while step t runs (``pdml_ray.runtime.pipeline``), so an adaptive
+schedule plans t+1 on measurements through step t-1: planning never sits on the step's critical path.
+Pure: no Ray, no clocks that change decisions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pdml_ray.config import PDMLConfig
+from pdml_ray.decisions import Boundary, Decision, MicroBatchPlan, Rejection, WorkerReport
+from pdml_ray.errors import ConfigError, ReportError, StateError
+from pdml_ray.pipeline.plan import Kind, Measurement, PipelineScheduler
+from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.priority.base import Deriver, GaugeValue
+
+MAX_ROWS_PER_OBSERVATION = 1 << 21
+"""Most action latencies one observation may carry (two per action of a step of ``MAX_ACTIONS``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineAxisStats:
+    """What the pipeline axis knows: the schedule, the shape it plans for, its planning cost."""
+
+    schedule: str
+    stages: int
+    replicas: tuple[int, ...]
+    microbatches: int
+    steps_observed: int
+    plans: int
+    """Plans derived so far (one per step asked for)."""
+    plan_s: float
+    """Seconds spent planning, summed (the deriver's own cost per step: ``plan_s / plans``)."""
+    observations_rejected: int
+    last_decision: Mapping[str, Any] | None
+    """The adaptive schedule's record behind its newest plan (osprey's lane weights, auto's choice);
+    None for a static schedule."""
+
+    def summary_lines(self) -> list[str]:
+        mean_ms = 1e3 * self.plan_s / self.plans if self.plans else math.nan
+        line = (f"pipeline: {self.schedule} over {self.stages} stages x replicas {list(self.replicas)}, "
+                f"{self.microbatches} micro-batches; {self.plans} plans ({mean_ms:.2f} ms each), "
+                f"{self.steps_observed} steps observed")
+        if self.observations_rejected:
+            line += f", {self.observations_rejected} observations rejected"
+        lines = [line]
+        if self.last_decision:
+            lines.append("  last decision: " + ", ".join(f"{k}={v}" for k, v in sorted(self.last_decision.items())
+                                                         if not isinstance(v, (list, tuple, dict))))
+        return lines
+
+    def gauges(self) -> list[GaugeValue]:
+        tags = (("schedule", self.schedule),)
+        return [GaugeValue("pdml_pipeline_plans_total", "micro-batch plans the scheduler derived", self.plans, tags),
+                GaugeValue("pdml_pipeline_plan_seconds_total", "seconds the scheduler spent planning micro-batches",
+                           self.plan_s, tags),
+                GaugeValue("pdml_pipeline_steps_observed_total", "pipeline steps whose latencies the scheduler took",
+                           self.steps_observed, tags)]
+
+
+class PipelineDeriver(Deriver):
+    """Hosts the configured pipeline schedule; plans one step per boundary once the shape is known."""
+
+    name = "pipeline"
+    history_rows = 200
+    """Plans kept in the scheduler's history (a plan of 8 stages x 4 replicas x 32 micro-batches is 512
+    actions, ~50 KB as objects: 200 of them ~10 MB)."""
+
+    def __init__(self, config: PDMLConfig, num_workers: int) -> None:
+        super().__init__(config, num_workers)
+        assert config.pipeline is not None
+        self.pipeline = config.pipeline
+        self.shape: dict[str, Any] | None = None
+        self.schedule: PipelineScheduler | None = None
+        self.steps_observed = 0
+        self.plans = 0
+        self.plan_s = 0.0
+        self.observations_rejected = 0
+
+    # -- events -------------------------------------------------------------------------------------
+    def on_shape(self, shape: Mapping[str, Any]) -> None:
+        """The runtime announces its stages, replicas per stage and micro-batches per step."""
+        if not isinstance(shape, Mapping) or set(shape) != {"stages", "replicas", "microbatches"}:
+            raise ReportError(f"pipeline shape must be a mapping of exactly stages, replicas, microbatches, got "
+                              f"{shape!r:.200}")
+        try:
+            schedule = make_scheduler(self.pipeline.schedule, stages=shape["stages"], replicas=shape["replicas"],
+                                      microbatches=shape["microbatches"], config=self.pipeline)
+        except ConfigError as e:
+            raise ReportError(f"pipeline shape refused: {e}") from None
+        replicas = shape["replicas"]
+        new = {"stages": int(shape["stages"]), "microbatches": int(shape["microbatches"]),
+               "replicas": [int(replicas)] * int(shape["stages"]) if isinstance(replicas, int) else
+               [int(r) for r in replicas]}
+        if new == self.shape:
+            return  # announced again (a driver reconnecting): keep what was learnt
+        self.shape, self.schedule = new, schedule
+        self.steps_observed = 0
+
+    def observation_rejection(self, rows: object) -> Rejection | None:
+        """Why one step's latency rows cannot be taken whole, or None."""
+        if self.shape is None:
+            return Rejection("pipeline", "pipeline latencies before the runtime announced its shape (set_shape)")
+        if not isinstance(rows, (list, tuple)) or len(rows) > MAX_ROWS_PER_OBSERVATION:
+            return Rejection("pipeline", f"pipeline latencies must be a list of at most {MAX_ROWS_PER_OBSERVATION} "
+                                         f"rows, got {type(rows).__name__}")
+        stages, replicas, m = self.shape["stages"], self.shape["replicas"], self.shape["microbatches"]
+        for row in rows:
+            ok = type(row) is tuple and len(row) == 5  # noqa: E721
+            if ok:
+                k, r, kind, mb, seconds = row
+                ok = (_index(k, stages) and _index(r, replicas[k]) and kind in ("F", "B") and _index(mb, m)
+                      and isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                      and math.isfinite(seconds) and 0.0 <= seconds < 1e6)
+            if not ok:
+                return Rejection("pipeline", f"a pipeline latency row must be (stage, replica, 'F' or 'B', microbatch, "
+                                             f"seconds) within the announced shape, got {row!r:.120}")
+        return None
+
+    def observe(self, step: int, rows: Sequence[tuple]) -> None:
+        """Fold one step's latencies (checked by ``observation_rejection``) into the schedule's estimates."""
+        assert self.schedule is not None
+        self.schedule.observe([Measurement(k, r, Kind(kind), mb, float(s)) for k, r, kind, mb, s in rows])
+        self.steps_observed += 1
+
+    # -- the protocol -------------------------------------------------------------------------------
+    def ingest(self, reports: Sequence[WorkerReport]) -> None:
+        """Worker reports carry nothing for this axis (its telemetry is ``observe``'s)."""
+
+    def decide(self, boundary: Boundary, earlier: Mapping[str, Decision]) -> MicroBatchPlan | None:
+        if self.schedule is None:
+            return None
+        t0 = time.perf_counter()
+        plan = self.schedule.plan(boundary.first_step)
+        record = self.schedule.last_decision
+        self.plan_s += time.perf_counter() - t0
+        self.plans += 1
+        return MicroBatchPlan(version=-1, effective_step=-1, plan=plan,
+                              record=record.to_dict() if record is not None else None)
+
+    def stats(self) -> PipelineAxisStats | None:
+        if self.shape is None or self.schedule is None:
+            return None
+        record = self.schedule.last_decision
+        return PipelineAxisStats(schedule=self.pipeline.schedule, stages=self.shape["stages"],
+                                 replicas=tuple(self.shape["replicas"]), microbatches=self.shape["microbatches"],
+                                 steps_observed=self.steps_observed, plans=self.plans, plan_s=self.plan_s,
+                                 observations_rejected=self.observations_rejected,
+                                 last_decision=record.to_dict() if record is not None else None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"shape": self.shape, "steps_observed": self.steps_observed, "plans": self.plans,
+                "schedule": self.schedule.state_dict() if self.schedule is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or not {"shape", "steps_observed", "schedule"} <= set(state):
+            raise StateError("saved pipeline axis state must hold shape, steps_observed and schedule, as "
+                             "PipelineDeriver.state_dict() writes it")
+        if state["shape"] is None:
+            self.shape, self.schedule = None, None
+            return
+        self.on_shape(state["shape"])
+        assert self.schedule is not None
+        self.schedule.load_state_dict(state["schedule"])
+        self.steps_observed = int(state["steps_observed"])
+        self.plans = int(state.get("plans", 0))
+
+
+def _index(x: object, n: int) -> bool:
+    """An integer (not a bool) in [0, n)."""
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n

@@ -1,0 +1,144 @@
+"""The pipeline runtime's client of the run's scheduler: every step's plan from its ``pipeline`` axis.
+
+``ScheduledPlans`` is what ``PipelineRuntime.run_step`` plans with: ``plan(step)`` returns the scheduler's
+``MicroBatchPlan`` for that step, ``observe(measurements)`` sends the step's action latencies back. It
+reaches the scheduler through ``SchedulerClient``, by default over the run's named Ray actor (so the run
+shows in ``pdml-ray status``, the metrics and the dashboard like a Ray Train run), or in this process
+(``in_process=True``, for when planning latency matters: the same calls on the same code path, answered
+synchronously).
+
+Planning never sits on the step's critical path: ``plan(t)`` takes the plan requested at the previous
+step and at once requests step t+1's, which the scheduler derives while step t runs. Step t's latencies
+are sent after it, so the plan of t+1 rests on measurements through step t-1 (an adaptive schedule sees
+one step late; ``pdml-ray bench pipeline`` measures what that costs). ``wait_s`` is the driver's time
+blocked waiting for plans; with the actor it is the part of planning (plus the call) that step t did
+not hide.
+
+If the scheduler cannot be reached (restarting, gone), the runtime keeps running the newest plan it has
+(``fallbacks`` counts those steps): a plan is a placement and an order, valid for any step of the same
+shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pdml_ray.client import LocalTransport, SchedulerClient
+from pdml_ray.config import PDMLConfig
+from pdml_ray.decisions import Boundary, MicroBatchPlan
+from pdml_ray.errors import ConfigError, SchedulerUnavailableError
+from pdml_ray.pipeline.plan import DecisionRecord, Measurement, Plan
+from pdml_ray.scheduler import Scheduler
+
+PLAN_TIMEOUT_S = 60.0
+"""Longest ``plan`` waits for the scheduler's answer before it falls back to the newest plan."""
+
+
+class _Record:
+    """The schedule's decision record as it came over the wire (a dict): ``last_decision`` for callers."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+class ScheduledPlans:
+    """Plans from the ``pipeline`` axis of the run's scheduler, fetched one step ahead."""
+
+    def __init__(self, config: PDMLConfig, *, stages: int, replicas: int | Sequence[int], microbatches: int,
+                 in_process: bool = False) -> None:
+        if config.pipeline is None:
+            raise ConfigError("the pipeline runtime plans with the scheduler's pipeline axis: set "
+                              "PDMLConfig(pipeline=PipelineConfig(schedule=...))")
+        reps = [int(replicas)] * stages if isinstance(replicas, int) else [int(r) for r in replicas]
+        self.name = config.pipeline.schedule
+        self.shape = {"stages": int(stages), "replicas": reps, "microbatches": int(microbatches)}
+        self._actor: Any = None
+        if in_process:
+            self.config = config
+            self.scheduler: Scheduler | None = Scheduler(config, sum(reps))
+            transport: Any = LocalTransport(self.scheduler)
+        else:
+            from pdml_ray.actors.scheduler import RayTransport, create_scheduler
+
+            name = config.scheduler_name or f"pdml-pipeline-{uuid.uuid4().hex[:8]}"
+            self.config = config = _named(config, name)
+            self.scheduler = None
+            self._actor = create_scheduler(config, sum(reps))
+            transport = RayTransport(name, config.namespace)
+        self.client = SchedulerClient(transport)
+        self.client.call("set_shape", "pipeline", self.shape)
+        self.wait_s = 0.0
+        """Seconds the driver was blocked waiting for plans, summed over steps."""
+        self.steps = 0
+        self.fallbacks = 0
+        """Steps that ran the newest plan again because the scheduler's answer did not come."""
+        self.last_decision: DecisionRecord | None = None
+        self.decision: MicroBatchPlan | None = None
+        self._requested: int | None = None
+        self._step = -1
+
+    @property
+    def scheduler_name(self) -> str | None:
+        """The scheduler actor's name (``pdml-ray status --name``), None in-process."""
+        return None if self._actor is None else self.config.scheduler_name
+
+    def _request(self, step: int) -> None:
+        since = {"pipeline": self.decision.version} if self.decision is not None else {}
+        self.client.request(Boundary(step, 1, ()), since)
+        self._requested = step
+
+    def plan(self, step: int) -> Plan:
+        """Step ``step``'s plan (requested one step ahead); step ``step + 1``'s is requested before it returns."""
+        t0 = time.perf_counter()
+        if self._requested != step:  # the first step, or a jump: nothing useful in flight
+            self.client.poll(PLAN_TIMEOUT_S)
+            self._request(step)
+        bundle = self.client.poll(PLAN_TIMEOUT_S)
+        decision = bundle.get("pipeline") if bundle is not None else None
+        if isinstance(decision, MicroBatchPlan):
+            decision.validate()
+            self.decision = decision
+            self.last_decision = _Record(dict(decision.record)) if decision.record is not None else None
+        elif self.decision is None:
+            raise SchedulerUnavailableError(f"no plan for step {step} from the pdml-ray scheduler (pipeline axis); "
+                                            "check that its actor is alive (`pdml-ray status`)")
+        else:
+            self.fallbacks += 1
+        self._step = step
+        self._request(step + 1)
+        self.wait_s += time.perf_counter() - t0
+        self.steps += 1
+        return self.decision.plan
+
+    def observe(self, measurements: Sequence[Measurement]) -> None:
+        """The planned step's action latencies, to the scheduler (fire-and-forget)."""
+        rows = [(m.stage, m.replica, m.kind.value, m.microbatch, float(m.latency_s)) for m in measurements]
+        self.client.observe("pipeline", self._step, rows)
+
+    def stats(self) -> Any:
+        """The scheduler's stats record (its ``pipeline`` axis among them)."""
+        return self.client.call("stats")
+
+    def close(self) -> None:
+        """End the run's scheduler actor (its snapshot deleted first); in-process there is nothing to end."""
+        if self._actor is None:
+            return
+        import ray
+
+        try:
+            ray.get(self._actor.close.remote(), timeout=10)
+        except ray.exceptions.RayError:
+            pass
+        ray.kill(self._actor)
+        self._actor = None
+
+
+def _named(config: PDMLConfig, name: str) -> PDMLConfig:
+    return dataclasses.replace(config, scheduler_name=name)
