@@ -172,3 +172,34 @@ def test_compare_schedules_keeps_real_compute(runtime):
     assert 0 < out["cpu_floor_s"] and out["layers_per_stage"] == [6, 5]
     with pytest.raises(ConfigError, match="compute must be one of"):
         compare_schedules(compute="fast")
+
+
+def test_a_run_planned_by_the_scheduler_actor_shows_its_axis_in_status(runtime, reference_step, capsys):
+    """The default path: every plan comes from the run's scheduler actor (fetched a step ahead), and the run
+    is in ``pdml-ray status --json`` and in the scheduler's metric series like a Ray Train run."""
+    import json
+
+    from pdml_ray.cli import main
+    from pdml_ray.config import PDMLConfig, PipelineConfig
+    from pdml_ray.runtime.pipeline_plans import ScheduledPlans
+
+    initial, x, y, _, _ = reference_step
+    runtime.set_parameters(initial)
+    plans = ScheduledPlans(PDMLConfig(pipeline=PipelineConfig(schedule="osprey"), scheduler_name="pipeline-status"),
+                           stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    try:
+        results = [runtime.run_step(plans, x, y, step=s) for s in range(3)]
+        assert [r.schedule for r in results] == ["osprey"] * 3 and plans.fallbacks == 0
+        assert plans.decision is not None and plans.decision.version == 2 and plans.decision.effective_step == 2
+        capsys.readouterr()
+        assert main(["status", "--json", "--name", "pipeline-status"]) == 0
+        record = json.loads(capsys.readouterr().out)["schedulers"]["pipeline-status"]
+        axis = record["derivers"]["pipeline"]
+        assert record["versions"]["pipeline"] >= 3  # step 3's plan was asked for ahead
+        assert axis["schedule"] == "osprey" and axis["replicas"] == [REPLICAS] * STAGES and axis["plans"] >= 3
+        assert "node" not in record["derivers"]
+        names = {g.name for g in plans.stats().gauges()}
+        assert {"pdml_pipeline_plans_total", "pdml_pipeline_plan_seconds_total"} <= names
+    finally:
+        plans.close()
+    assert runtime.replicas_identical()
