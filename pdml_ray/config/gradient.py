@@ -83,7 +83,8 @@ class GradientPriorityConfig:
     return when the continuity check finds the priorities collapsed."""
     simplex_resolution: int = 2
     """The bandit's arms are the prior plus the grid {(i, j, k) / R : i + j + k = R} on the simplex:
-    R = 2 gives 6 grid points (vertices and edge midpoints), (R + 1)(R + 2) / 2 in general."""
+    R = 2 gives 6 grid points (vertices and edge midpoints), (R + 1)(R + 2) / 2 in general. R = 0: the prior
+    alone, the weights pinned at ``prior_weights`` (nothing to tune)."""
     bandit_discount: float = 0.98
     """Discounted UCB: each boundary, every arm's past rewards count this much less (loss decrease per
     second shrinks as training converges; 0.98 keeps about the last 50 boundaries). 1.0 = plain UCB1."""
@@ -120,8 +121,8 @@ class GradientPriorityConfig:
                              f"(alpha, beta, gamma, e.g. [0.5, 0.3, 0.2]), got {w!r}")
         self.prior_weights = (float(w[0]), float(w[1]), float(w[2]))
         require(isinstance(self.simplex_resolution, int) and not isinstance(self.simplex_resolution, bool)
-                and 1 <= self.simplex_resolution <= 10,
-                f"gradient_priority.simplex_resolution must be an integer in [1, 10] (e.g. 2), got "
+                and 0 <= self.simplex_resolution <= 10,
+                f"gradient_priority.simplex_resolution must be an integer in [0, 10] (e.g. 2; 0 pins the prior), got "
                 f"{self.simplex_resolution!r}")
         require(finite(self.bandit_discount) and 0.5 <= self.bandit_discount <= 1.0,
                 f"gradient_priority.bandit_discount must be in [0.5, 1] (1 = no forgetting), got {self.bandit_discount!r}")

@@ -36,10 +36,12 @@ Weights = tuple[float, float, float]
 
 def simplex_arms(prior: Sequence[float], resolution: int) -> tuple[Weights, ...]:
     """The prior first, then the grid points ``(i, j, k) / resolution`` (i + j + k = resolution) that
-    differ from it: (resolution + 1)(resolution + 2) / 2 grid points."""
-    if resolution < 1:
-        raise ConfigError(f"simplex resolution must be >= 1, got {resolution!r}")
+    differ from it: (resolution + 1)(resolution + 2) / 2 grid points; resolution 0: the prior alone."""
+    if resolution < 0:
+        raise ConfigError(f"simplex resolution must be >= 0 (0: the prior alone), got {resolution!r}")
     arms: list[Weights] = [(float(prior[0]), float(prior[1]), float(prior[2]))]
+    if resolution == 0:
+        return tuple(arms)
     for i in range(resolution, -1, -1):
         for j in range(resolution - i, -1, -1):
             w = (i / resolution, j / resolution, (resolution - i - j) / resolution)

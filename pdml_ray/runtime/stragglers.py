@@ -19,9 +19,12 @@ policy's ``Combination`` uses, sums them in float64, takes an SGD step and publi
   actor with ``report(list[WorkerReport])``) passed as ``scheduler`` receives the completed ones
   (not the cut-short ones) fire-and-forget, once per step.
 - **Gradient priorities** (policies with ``gradient_priority``: ``topk``, ``async``): the completed
-  reports also go into an in-process scheduler (``GradientFeed``, node + gradient derivers) inside
-  the timed step, before the combination; its decisions go to ``policy.adopt``. ``self.feed.cost_s``
-  is the time spent there (part of the step times).
+  reports also go to the run's scheduler actor (``GradientFeed`` over ``SchedulerClient``; its one axis
+  is the gradient deriver), every ``interval`` steps with a request for the next rule, which the
+  aggregator adopts (``policy.adopt``) at the first step its answer is there and applies to each step's
+  arrivals locally: the actor is never waited on. The run shows in ``pdml-ray status``
+  (``scheduler_name``); ``in_process_scheduler=True`` keeps that scheduler in the driver instead.
+  ``self.feed.cost_s`` is the aggregator's time on the feed (part of the step times).
 - **Asynchronous policies** (``policy.asynchronous``: ``async``): a worker gets a task only when
   ``policy.gives_task`` says so (idle, or its task too stale to use), so it is not cut short by the
   next step and its reply, from an older step, counts when it arrives. Every step, each busy worker
@@ -38,7 +41,9 @@ their real forward/backward).
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import uuid
 from typing import Any, Literal
 
 import ray
@@ -47,12 +52,13 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from torch import Tensor, nn
 
 from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, launch_dp_worker
+from pdml_ray.actors.scheduler import RayTransport, create_scheduler
 from pdml_ray.config.stragglers import StragglerConfig
 from pdml_ray.decisions import WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, UsageError
 from pdml_ray.metrics import PriorityGauges, export_or_warn
 from pdml_ray.stragglers.delays import NoStragglers, StragglerModel
-from pdml_ray.stragglers.gradient_feed import GradientFeed
+from pdml_ray.stragglers.gradient_feed import GradientFeed, feed_config
 from pdml_ray.stragglers.policy import Arrival, StragglerPolicy, combine_messages
 from pdml_ray.stragglers.problem import worker_partitions
 from pdml_ray.stragglers.registry import make_policy
@@ -106,7 +112,8 @@ class StragglerRuntime:
                  lr: float, l2: float = 0.0, straggler_model: StragglerModel | None = None,
                  per_sample_s: float = 0.0, step_timeout_s: float = 30.0,
                  num_cpus_per_worker: float = DEFAULT_DP_WORKER_NUM_CPUS, scheduler: Any = None,
-                 pool: WorkerPool | None = None, metrics_name: str | None = "pdml-stragglers") -> None:
+                 pool: WorkerPool | None = None, metrics_name: str | None = "pdml-stragglers",
+                 in_process_scheduler: bool = False) -> None:
         if not ray.is_initialized():
             raise UsageError("StragglerRuntime needs a running Ray cluster: call ray.init() first")
         if not (step_timeout_s > 0 and lr > 0):
@@ -117,7 +124,18 @@ class StragglerRuntime:
         self.model = model
         self.evaluate = FullObjective(model, loss_fn, x, y, l2)
         self._own_pool = pool is None
-        self.feed = GradientFeed.for_policy(policy, len(x) // policy.num_partitions)
+        self._scheduler_actor: Any = None
+        self.scheduler_name: str | None = None
+        """The run's scheduler actor (``pdml-ray status --name``) deriving the policy's gradient rule, if any."""
+        if policy.gradient_priority is not None and not in_process_scheduler:
+            self.scheduler_name = f"pdml-stragglers-{uuid.uuid4().hex[:8]}"
+            config = dataclasses.replace(feed_config(policy.gradient_priority, policy.seed,
+                                                     getattr(policy, "fixed_weights", None)),
+                                         scheduler_name=self.scheduler_name)
+            self._scheduler_actor = create_scheduler(config, policy.num_workers)
+            self.feed = GradientFeed.for_policy(policy, transport=RayTransport(self.scheduler_name, config.namespace))
+        else:
+            self.feed = GradientFeed.for_policy(policy)
         self.pool = pool if pool is not None else WorkerPool(num_cpus_per_worker)
         self.stats = StragglerRunStats(policy.name)
         """This runtime's figures over its steps (``pdml_ray.stragglers.stats``), exported after every step
@@ -142,6 +160,13 @@ class StragglerRuntime:
         replace the dead ones, so the pool serves the next run."""
         if self._gauges is not None:
             self._gauges.close()
+        if self._scheduler_actor is not None:
+            try:
+                ray.get(self._scheduler_actor.close.remote(), timeout=10)
+            except ray.exceptions.RayError:
+                pass
+            ray.kill(self._scheduler_actor)
+            self._scheduler_actor = None
         if self._own_pool:
             self.pool.shutdown()
             return

@@ -1,18 +1,18 @@
-"""Feeds a straggler policy's gradient priorities: the step's worker reports go into an in-process
-``Scheduler`` with the node and gradient derivers enabled (the same ``GradientPriorityDeriver`` the
-Ray Train path runs, not a copy), and every ``interval`` steps its ``GradientDecision`` goes to
-``policy.adopt``.
+"""Feeds a straggler policy's gradient priorities from the run's scheduler, its ``gradient`` axis.
 
-Why in-process and not the scheduler actor: the aggregator needs the decision inside the step it
-combines; an actor round trip (~1 ms, more on a busy machine) would cost more than the derivers
-themselves. The cost is measured, not assumed: ``cost_s`` sums the time spent in ``report`` and
-``bundle`` (and the runtime calls ``observe`` inside its timed step, so the cost is in the step time
-too). The node deriver's rates come from the reports' ``compute_s`` (EMULATED compute included) and
-give the node-health term; the data term reads the reported losses (no sample table here: the
-straggler runtime's workers hold fixed partitions).
+The step's completed worker reports go to a ``Scheduler`` whose only axis is the gradient deriver (the
+same ``GradientPriorityDeriver`` the Ray Train path runs; no node section: without one it measures each
+worker's rate itself for the node-health term), through ``SchedulerClient`` over a transport: the
+straggler runtime passes the run's scheduler actor (so the run shows in ``pdml-ray status`` and the
+metrics), the simulator an in-process scheduler (``LocalTransport``) on the same code path.
 
-``fixed_weights`` pins (alpha, beta, gamma): the deriver's bandit gets that one arm (so "fixed" is the
-same deriver with nothing to tune). Pure: no Ray, no clocks besides ``perf_counter`` for the cost.
+Every ``interval`` steps the buffered reports go out and the next ``GradientDecision`` is requested;
+the aggregator never waits for it: it is adopted (``policy.adopt``) at the first step its answer is
+there (in-process: at once, the same step), and the policy applies the rule it holds to each step's
+arrivals locally. ``cost_s`` is the time the aggregator spent on the feed inside its timed step.
+
+``fixed_weights`` pins (alpha, beta, gamma): the deriver's bandit gets that one arm
+(``simplex_resolution=0``), so "fixed" is the same deriver with nothing to tune. Pure: no Ray here.
 """
 
 from __future__ import annotations
@@ -21,78 +21,80 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from pdml_ray.config import GradientPriorityConfig, NodePriorityConfig, PDMLConfig
+from pdml_ray.client import LocalTransport, SchedulerClient, Transport
+from pdml_ray.config import GradientPriorityConfig, PDMLConfig
 from pdml_ray.decisions import Boundary, GradientDecision, WorkerReport
-from pdml_ray.priority.bandit import WeightBandit
-from pdml_ray.priority.gradient import GradientPriorityDeriver
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.stragglers.policy import StragglerPolicy
 
 
-class GradientFeed:
-    """An in-process scheduler deriving gradient priorities for ``num_workers`` workers."""
+def feed_config(config: GradientPriorityConfig, seed: int = 0,
+                fixed_weights: tuple[float, float, float] | None = None) -> PDMLConfig:
+    """The scheduler config of a straggler run's gradient axis (and nothing else)."""
+    if fixed_weights is not None:
+        config = dataclasses.replace(config, prior_weights=tuple(fixed_weights), simplex_resolution=0)  # type: ignore[arg-type]
+    return PDMLConfig(gradient_priority=config, seed=seed)
 
-    def __init__(self, config: GradientPriorityConfig, num_workers: int, samples_per_worker: int, *,
-                 interval: int = 5, fixed_weights: tuple[float, float, float] | None = None, seed: int = 0) -> None:
-        if fixed_weights is not None:
-            config = dataclasses.replace(config, prior_weights=tuple(fixed_weights))  # type: ignore[arg-type]
-        self.config, self.interval, self.fixed_weights = config, int(interval), fixed_weights
-        node = NodePriorityConfig(global_batch_size=num_workers * max(1, samples_per_worker), warmup_steps=0,
-                                  decision_interval=self.interval)
-        self.scheduler = Scheduler(PDMLConfig(node_priority=node, gradient_priority=config, seed=seed), num_workers)
-        deriver = self.scheduler.derivers["gradient"]
-        assert isinstance(deriver, GradientPriorityDeriver)
-        self.deriver = deriver
-        if fixed_weights is not None:
-            w = config.prior_weights
-            self.deriver.bandit = WeightBandit((w,), config.bandit_discount, config.bandit_exploration)
-        self.batch_sizes = (max(1, samples_per_worker),) * num_workers
+
+class GradientFeed:
+    """Gradient decisions for ``num_workers`` workers from a scheduler's gradient axis."""
+
+    def __init__(self, config: GradientPriorityConfig, num_workers: int, *, interval: int = 5,
+                 fixed_weights: tuple[float, float, float] | None = None, seed: int = 0,
+                 transport: Transport | None = None) -> None:
+        self.pdml_config = feed_config(config, seed, fixed_weights)
+        self.config, self.interval, self.fixed_weights = self.pdml_config.gradient_priority, int(interval), fixed_weights
+        self.scheduler: Scheduler | None = None
+        if transport is None:  # in this process (the simulator)
+            self.scheduler = Scheduler(self.pdml_config, num_workers)
+            transport = LocalTransport(self.scheduler)
+        self.client = SchedulerClient(transport)
         self.since: dict[str, int] = {}
         self.cost_s = 0.0
-        """Seconds spent in the scheduler (report + bundle), summed."""
+        """Seconds the aggregator spent on the feed (sending reports, polling, adopting), summed."""
         self.k_history: list[tuple[int, float]] = []
-        """(step, K) of every gradient decision adopted."""
+        """(step, K) of every gradient decision adopted, at the step it was adopted."""
         self.weight_history: list[tuple[int, tuple[float, float, float]]] = []
         self.decision: GradientDecision | None = None
         self._buffer: list[WorkerReport] = []
 
     @classmethod
-    def for_policy(cls, policy: StragglerPolicy, samples_per_worker: int, **kwargs: object) -> GradientFeed | None:
+    def for_policy(cls, policy: StragglerPolicy, **kwargs: Any) -> GradientFeed | None:
         """The feed ``policy`` asks for (``policy.gradient_priority``), or None."""
         if policy.gradient_priority is None:
             return None
-        fixed = getattr(policy, "fixed_weights", None)
-        return cls(policy.gradient_priority, policy.num_workers, samples_per_worker, fixed_weights=fixed,
-                   seed=policy.seed, **kwargs)  # type: ignore[arg-type]
+        return cls(policy.gradient_priority, policy.num_workers, fixed_weights=getattr(policy, "fixed_weights", None),
+                   seed=policy.seed, **kwargs)
 
     def observe(self, step: int, reports: Sequence[WorkerReport], policy: StragglerPolicy) -> GradientDecision | None:
-        """Take ``step``'s completed reports; at a boundary (ingest them all, then) (every ``interval`` steps) decide and hand a
-        new decision to ``policy.adopt``. Returns the decision adopted now, if any."""
+        """Take ``step``'s completed reports; at every ``interval``-th step send them and ask for a
+        decision; adopt an answer that is there. Returns the decision adopted now, if any."""
         t0 = time.perf_counter()
-        # buffered: the derivers decide only at boundaries, so one report call per interval loses
-        # nothing and pays the scheduler's per-call cost once
+        # buffered: the deriver decides only at boundaries, so one report call per interval loses nothing
         self._buffer.extend(r for r in reports if r.samples > 0 and math.isfinite(r.compute_s))
-        adopted = None
         if step > 0 and step % self.interval == 0:
             if self._buffer:
-                self.scheduler.report(self._buffer)
+                self.client.report(self._buffer)
                 self._buffer = []
-            bundle = self.scheduler.bundle(Boundary(step, self.interval, self.batch_sizes), self.since)
-            self.since.update({name: d.version for name, d in bundle.decisions.items()})
-            d = bundle.get("gradient")
-            if isinstance(d, GradientDecision):
-                d.validate(policy.num_workers)
-                policy.adopt(d)
-                self.decision = adopted = d
-                self.k_history.append((step, d.k_fraction))
-                self.weight_history.append((step, d.weights))
+            self.client.request(Boundary(step, self.interval, ()), self.since)
+        adopted = None
+        bundle = self.client.poll(0.0)
+        d = bundle.get("gradient") if bundle is not None else None
+        if isinstance(d, GradientDecision):
+            d.validate(policy.num_workers)
+            policy.adopt(d)
+            self.since["gradient"] = d.version
+            self.decision = adopted = d
+            self.k_history.append((step, d.k_fraction))
+            self.weight_history.append((step, d.weights))
         self.cost_s += time.perf_counter() - t0
         return adopted
 
     def stats(self) -> dict[str, object]:
         """The deriver's figures for a benchmark: high/low gradient-norm ratio, weights, K, arms pulled."""
-        s = self.deriver.stats()
+        s = self.client.call("stats").derivers["gradient"]
         return {"high_low_grad_norm_ratio": s.high_low_grad_norm_ratio, "weights": s.weights,
                 "k_fraction": s.k_fraction, "arm_pulls": s.arm_pulls, "collapse_resets": s.collapse_resets,
                 "progress_rate": s.progress_rate, "cost_s": self.cost_s}

@@ -36,7 +36,7 @@ def simulate(policy: StragglerPolicy, workers: Sequence[GradientWorker], params:
     """Train ``steps`` SGD steps (``params -= lr * combined gradient``) from flat ``params``."""
     if len(workers) != policy.num_workers:
         raise ConfigError(f"{policy.name} needs {policy.num_workers} workers, got {len(workers)}")
-    feed = GradientFeed.for_policy(policy, len(next(iter(workers[0].partitions.values()))[0]))
+    feed = GradientFeed.for_policy(policy)
     if policy.asynchronous:
         return _simulate_async(policy, workers, params, lr=lr, steps=steps, evaluate=evaluate, label=label, feed=feed)
     params = params.detach().to(torch.float32).clone()

@@ -1,5 +1,5 @@
 """``topk`` and ``async`` on real Ray worker actors: the run finishes, the loss drops, the gradient
-deriver is fed in-process (topk) and a slow worker's gradients are applied stale (async)."""
+deriver is fed through the run's scheduler actor (topk) and a slow worker's gradients are applied stale (async)."""
 
 from __future__ import annotations
 
@@ -23,22 +23,45 @@ def pool(ray_local):
     p.shutdown()
 
 
-def run(pool, name, stragglers, model):
+def run(pool, name, stragglers, model, status=None):
     x, y = logistic_data(N * 64, DIM, seed=0)
     policy = make_policy(name, workers=N, stragglers=stragglers)
     rt = StragglerRuntime(policy, logistic_model(DIM), logistic_loss, x, y, lr=1.0, l2=1e-2, straggler_model=model,
                           per_sample_s=PER_SAMPLE_S, pool=pool)
     try:
-        return rt, rt.train(STEPS)
+        result = rt.train(STEPS)
+        if status is not None:
+            status.update(_status(rt.scheduler_name))
+        return rt, result
     finally:
         rt.shutdown()
 
 
+def _status(name):
+    """``pdml-ray status --json --name NAME`` of the running scheduler, as a dict."""
+    import contextlib
+    import io
+    import json
+
+    from pdml_ray.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["status", "--json", "--name", name]) == 0
+    return json.loads(out.getvalue())["schedulers"][name]
+
+
 def test_topk_trains_and_feeds_the_deriver(pool):
-    rt, r = run(pool, "topk", 1, ShiftedExponential(1.0, seed=0))
+    status: dict = {}
+    rt, r = run(pool, "topk", 1, ShiftedExponential(1.0, seed=0), status)
+    # the run's scheduler actor derived the rule: its gradient axis is in pdml-ray status, no node axis
+    assert rt.scheduler_name is not None and set(status["derivers"]) == {"gradient"}
+    assert status["versions"]["gradient"] >= 2 and status["reports_received"] >= N * 5
     assert r.stalled is None and len(r.records) == STEPS
     assert r.final_loss < r.initial_loss - 0.1
-    assert rt.feed is not None and [s for s, _ in rt.feed.k_history] == [5, 10] and rt.feed.cost_s > 0
+    # the rule asked for at steps 5 and 10 is adopted when the scheduler actor's answer is there, never waited on
+    adopted = [s for s, _ in rt.feed.k_history] if rt.feed is not None else []
+    assert len(adopted) == 2 and 5 <= adopted[0] < 10 <= adopted[1] < STEPS and rt.feed.cost_s > 0, adopted
     assert all(set(dict(rec.combination.weights)) <= set(rec.arrived) and len(rec.arrived) >= N - 1
                for rec in r.records)
 

@@ -158,7 +158,7 @@ def test_topk_in_the_simulator_adopts_the_derivers_k_and_converges(problem):
 # -- the feed ---------------------------------------------------------------------------------------
 def test_feed_derives_from_reports_and_pins_fixed_weights():
     p = TopKPolicy(4, 1, fixed_weights=(1.0, 0.0, 0.0))
-    feed = GradientFeed.for_policy(p, 16)
+    feed = GradientFeed.for_policy(p)
     assert feed is not None
     for step in range(11):
         reports = [WorkerReport(worker_id=w, step=step, samples=16, compute_s=0.1, loss=1.0 / (1 + step),
