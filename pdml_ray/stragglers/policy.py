@@ -94,7 +94,8 @@ class Combination:
     exact: bool
     """Every partition exactly once, at one version, with weight 1 / num_partitions (to 1e-6 relative)."""
     decode_error: float = 0.0
-    """Relative residual of the decoding vector (gradient codes); 0 for plain averages."""
+    """Gradient codes: the bound on the float32 decode's error, in units of the mean partition-gradient
+    norm (``coding.Decoding.error_bound``, from the code's matrix alone); 0 for plain averages."""
     note: str = ""
 
     @property
@@ -146,16 +147,27 @@ def make_combination(step: int, weights: Mapping[int, float], arrivals: Sequence
 
 
 def combine_messages(combination: Combination, messages: Mapping[int, torch.Tensor]) -> torch.Tensor:
-    """``sum_i w_i m_i`` accumulated in float64 (messages are float32 or wider), returned in float64."""
+    """``sum_i w_i m_i`` accumulated in float64 (messages are float32 or wider, 1-D and of one length),
+    returned in float64. A message that is missing, of another shape or dtype, or that makes the sum
+    NaN or infinite is refused with a PlanError naming the worker (a NaN would reach the parameters)."""
     out: torch.Tensor | None = None
     for worker, weight in combination.weights:
-        m = messages[worker]
+        m = messages.get(worker)
+        if not isinstance(m, torch.Tensor):
+            raise PlanError(f"step {combination.step}: worker {worker}'s message is {type(m).__name__}, not a tensor")
         if m.dtype not in (torch.float32, torch.float64):
             raise PlanError(f"worker {worker}'s message is {m.dtype}; send float32 or wider (half loses the decode)")
+        if m.dim() != 1 or (out is not None and m.shape != out.shape):
+            raise PlanError(f"step {combination.step}: worker {worker}'s message has shape {tuple(m.shape)}; every "
+                            f"message is one flat gradient of the same length{f' ({out.numel()})' if out is not None else ''}")
         term = weight * m.to(torch.float64)
         out = term if out is None else out + term
     if out is None:
         raise PlanError(f"step {combination.step}: a combination of no messages")
+    if not bool(torch.isfinite(out).all()):
+        bad = [w for w, _ in combination.weights if not bool(torch.isfinite(messages[w]).all())]
+        raise PlanError(f"step {combination.step}: the combined gradient is NaN or infinite (non-finite messages "
+                        f"from workers {bad}); check those workers' data and learning rate")
     return out
 
 

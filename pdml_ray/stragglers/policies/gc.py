@@ -4,8 +4,9 @@ Each of n workers computes all s + 1 partitions it holds every step and sends on
 ``sum_p B[i, p] g_p`` (``pdml_ray.stragglers.coding``). The step completes as soon as the arrived
 set can decode (FR: one worker of every group, which may be before n - s have arrived; CR: generically
 any n - s), and the decode gives exactly the mean of all n fresh partition gradients: the combination
-is ``exact`` with staleness 0, its decode residual reported as ``decode_error``. The price: s + 1
-partitions of compute per worker per step.
+is ``exact`` with staleness 0, and ``decode_error`` is the decode's float32 error bound
+(``coding.Decoding.error_bound``: at most 1e-4 of the mean partition-gradient norm, or the code is
+refused when it is built). The price: s + 1 partitions of compute per worker per step.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class GradientCodingPolicy(StragglerPolicy):
         if decoding is None:
             raise PlanError(f"{self.name} step {step}: workers {sorted(a.worker for a in arrivals)} cannot decode; "
                             "combine only once ready() is True")
-        return {w: c / self.n for w, c in decoding.as_dict().items()}, decoding.relative_error
+        return {w: c / self.n for w, c in decoding.as_dict().items()}, decoding.error_bound
 
     def combine(self, step: int, arrivals: Sequence[Arrival]) -> Combination:
         weights, err = self.decode_weights(step, arrivals)
