@@ -2,8 +2,8 @@
 with what step timeout and emulated compute.
 
 Policy names are validated against the one registry (``pdml_ray.stragglers.registry``), and gradient
-codes against ``pdml_ray.stragglers.coding.check_code`` (FR needs (s + 1) | n), imported when a config
-is checked: neither imports anything from here.
+codes against ``pdml_ray.stragglers.coding`` (FR and pipelined CR need (s + 1) | n; a CR code must
+decode within 1e-4 in float32), imported when a config is checked: neither imports anything from here.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class StragglerConfig:
     """EMULATED compute per sample at full speed (milliseconds), slept by the worker times the straggler
     model's factor; 0 = real compute only."""
     code_seed: int = 0
-    """Seed of the CR encoding matrix's random H."""
+    """Seed of the generator the CR encoding matrix's random H is drawn from (redrawn until the code
+    decodes within 1e-4 in float32; ``pdml_ray.stragglers.coding``)."""
 
     def __post_init__(self) -> None:
         from pdml_ray.stragglers.registry import POLICIES
@@ -43,13 +44,16 @@ class StragglerConfig:
         require(isinstance(self.stragglers, int) and not isinstance(self.stragglers, bool)
                 and 0 <= self.stragglers < self.workers,
                 f"stragglers.stragglers must be an integer in [0, workers={self.workers}) (e.g. 1), got {self.stragglers!r}")
+        require(isinstance(self.code_seed, int) and not isinstance(self.code_seed, bool) and self.code_seed >= 0,
+                f"stragglers.code_seed must be an integer >= 0 (e.g. 0), got {self.code_seed!r}")
         if self.policy in ("gc-fr", "gc-cr", "pgc-fr", "pgc-cr"):
-            from pdml_ray.stragglers.coding import check_code
+            from pdml_ray.stragglers.coding import check_code, cr_matrix
 
-            check_code(self.workers, self.stragglers, self.policy[-2:])
+            check_code(self.workers, self.stragglers, self.policy[-2:], pipelined=self.policy.startswith("pgc"))
+            if self.policy.endswith("cr"):  # draws the code now: one not accurate in float32 is refused here
+                cr_matrix(self.workers, self.stragglers, self.code_seed)
         require(finite(self.lr) and self.lr > 0, f"stragglers.lr must be > 0 (e.g. 1.0), got {self.lr!r}")
         require(finite(self.step_timeout_s) and self.step_timeout_s > 0,
                 f"stragglers.step_timeout_s must be > 0 seconds (e.g. 30), got {self.step_timeout_s!r}")
         require(finite(self.per_sample_ms) and self.per_sample_ms >= 0,
                 f"stragglers.per_sample_ms must be >= 0 milliseconds (0 = no emulated compute), got {self.per_sample_ms!r}")
-        require(isinstance(self.code_seed, int), f"stragglers.code_seed must be an integer, got {self.code_seed!r}")

@@ -96,7 +96,7 @@ def test_gc_cr_decodes_any_n_minus_s_exactly():
         arr = arrivals(p, 0, [w for w in range(N) if w not in missing])
         assert p.ready(0, arr, alive)
         c = p.combine(0, list(arr.values()))
-        assert c.exact and c.decode_error < 1e-8, c.describe()
+        assert c.exact and 0 < c.decode_error <= 1e-4, c.describe()  # the float32 bound (coding)
     with pytest.raises(PlanError, match="cannot decode"):
         p.combine(0, list(arrivals(p, 0, range(4)).values()))
 
@@ -214,3 +214,45 @@ def test_a_cut_short_gradient_is_resumed_not_restarted(problem):
     assert reply.arrival.versions() == {part: 1, other: 2}
     again = worker.compute(3, theta1, WorkerTask(0, 3, (other,), send, ((part, 1),)), {1: theta0})
     assert again.work[part] == size  # nothing unfinished any more: a full recompute
+
+
+def test_pgc_cr_is_refused_when_s_plus_1_does_not_divide_n():
+    """Its holders of a partition would compute it at different steps: no decode after the warm-up was
+    exact at n=10, s=3, with a partition's versions weighted up to 344x its share."""
+    for n, s in [(10, 3), (7, 2), (5, 1)]:
+        with pytest.raises(ConfigError, match=r"pipelined CR .*\(s \+ 1\) \| n"):
+            make_policy("pgc-cr", workers=n, stragglers=s)
+    assert make_policy("gc-cr", workers=10, stragglers=3).s == 3  # plain CR has no such condition
+
+
+class _Alternating:
+    """Worker w is 10x slow at the steps where w + step is odd: each of a pgc-fr group's two members
+    is cut off at every other step, always when the same partition is scheduled."""
+
+    label = "alternating"
+
+    def factor(self, worker: int, step: int) -> float:
+        return 10.0 if (worker + step) % 2 else 1.0
+
+    def death_step(self, worker: int) -> int | None:
+        return None
+
+
+def test_pgc_fr_staleness_is_unbounded_without_catch_up_and_at_most_s_with_it(problem):
+    """pgc-fr's default (no catch-up) decodes every partition once, but a member that is always cut off
+    when p is scheduled keeps its warm-up g_p, and the group's only arrival is that member: staleness
+    grows with the step (the benchmark measured 11 at s=1). catch_up=True bounds it at s."""
+    x, y, evaluate = problem
+    staleness = {}
+    for catch_up in (False, True):
+        p = make_policy("pgc-fr", workers=N, stragglers=S)
+        p.catch_up = catch_up  # type: ignore[attr-defined]
+        r = simulate(p, make_workers(p, x, y, l2=L2, straggler_model=_Alternating(), per_sample_s=1e-3),
+                     torch.zeros(DIM + 1), lr=0.5, steps=16, evaluate=evaluate)
+        staleness[catch_up] = [rec.combination.max_staleness for rec in r.records]
+        if catch_up:
+            assert all(rec.combination.exact for rec in r.records), [rec.combination.describe() for rec in r.records]
+    # even steps use the even members, whose odd partitions are the warm-up's (odd steps lack the
+    # partitions the odd members never finished: Combination.missing)
+    assert staleness[False][2::2] == list(range(2, 16, 2)), staleness[False]
+    assert max(staleness[True]) <= S, staleness[True]

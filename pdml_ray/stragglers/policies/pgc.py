@@ -8,8 +8,12 @@ recent partition gradients the worker computed.
 Schedule (aligned): at step t worker i computes the partition p of its support with
 ``p = t (mod s + 1)``. Under FR every member of a group then computes the same partition at the same
 step; under CR with (s + 1) | n every window i..i+s holds each residue once, so again every holder of
-p computes p at the same steps (t = p mod (s + 1)). Without (s + 1) | n, CR falls back to a
-staggered schedule (worker i computes its support's entry t mod (s + 1)) and holders differ.
+p computes p at the same steps (t = p mod (s + 1)). **pgc-cr needs (s + 1) | n** and is refused
+otherwise (``coding.check_code(pipelined=True)``, at config time too): a window i..i+s then misses
+some residue and repeats another, so no schedule of one partition per step keeps every holder of a
+partition on one version; the holders would hold different versions and the decode would mix them
+(measured before the refusal: at n = 10, s = 3, no step after the warm-up was exact, with a
+partition's versions weighted up to 344x its share).
 
 What a decode contains (``Combination.contents``, tested):
 
@@ -29,9 +33,12 @@ What a decode contains (``Combination.contents``, tested):
 - Without catch-up (``catch_up=False``; FR's default, as FR never mixes holders), or while a worker
   is cut off repeatedly:
   - pgc-fr uses, per group, the arrived member with the most complete, freshest message, so its
-    decode stays every partition once with weight 1/n (possibly staler; right after the warm-up, a
-    group whose arrived members were all cut off at step 0 lacks the partitions they never
-    computed: ``Combination.missing``).
+    decode stays every partition once with weight 1/n, but **its staleness is not bounded by s**:
+    a member cut off whenever partition p is scheduled keeps an old g_p, and if the group's only
+    arrival at a later step is that member, the decode uses it (``bench stragglers`` at s = 1
+    measured a max staleness of 11). ``catch_up=True`` bounds it at s for pgc-fr too, at the
+    catch-ups' extra compute (right after the warm-up, a group whose arrived members were all cut
+    off at step 0 lacks the partitions they never computed: ``Combination.missing``).
   - pgc-cr cannot choose (n - s arrivals fix the decoding vector): p's total weight 1/n splits over
     two versions, ``w_new g_p(v) + w_old g_p(v')`` with ``w_new + w_old = 1/n`` and weights of either
     sign, large when the CR matrix is badly conditioned (seen: 20x). The error is
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from pdml_ray.stragglers.coding import check_code
 from pdml_ray.stragglers.policies.gc import GradientCodingPolicy
 from pdml_ray.stragglers.policy import Arrival, Combination, WorkerTask, make_combination
 
@@ -50,23 +58,17 @@ from pdml_ray.stragglers.policy import Arrival, Combination, WorkerTask, make_co
 class PipelinedGradientCoding(GradientCodingPolicy):
 
     def __init__(self, workers: int, stragglers: int, seed: int = 0, *, catch_up: bool | None = None) -> None:
+        check_code(workers, stragglers, self.scheme, pipelined=True)
         super().__init__(workers, stragglers, seed)
         # FR never mixes holders (one member per group is used), so catch-up would only buy freshness
         self.catch_up = (self.scheme == "cr") if catch_up is None else catch_up
         self._known: dict[int, dict[int, int]] = {}  # worker -> partition -> version it holds (from arrivals)
 
-    @property
-    def aligned(self) -> bool:
-        """True when every holder of a partition computes it at the same steps (see the module doc)."""
-        return self.scheme == "fr" or self.n % (self.s + 1) == 0
-
     def scheduled(self, worker: int, step: int) -> int:
-        """The partition ``worker`` computes at ``step`` (> 0)."""
-        support = self.code.supports[worker]
+        """The partition ``worker`` computes at ``step`` (> 0): the one of its support with
+        ``p = step (mod s + 1)`` (one exists, as (s + 1) | n)."""
         k = self.s + 1
-        if self.aligned:
-            return next(p for p in support if p % k == step % k)
-        return support[step % k]
+        return next(p for p in self.code.supports[worker] if p % k == step % k)
 
     def expected_version(self, worker: int, partition: int, step: int) -> int:
         """The step whose parameters ``worker``'s gradient of ``partition`` should come from, before
@@ -100,11 +102,13 @@ class PipelinedGradientCoding(GradientCodingPolicy):
                 if group not in chosen or (len(a.terms), a.oldest) > (len(chosen[group].terms), chosen[group].oldest):
                     chosen[group] = a
             weights = {a.worker: 1.0 / self.n for a in chosen.values()}
-            return make_combination(step, weights, arrivals, self.n, 0.0,
+            decoding = self.code.decode(weights)
+            assert decoding is not None  # one member of every group
+            return make_combination(step, weights, arrivals, self.n, decoding.error_bound,
                                     f"pipelined FR: freshest arrived member of each of {len(chosen)} groups")
         weights, err = self.decode_weights(step, arrivals)
         return make_combination(step, weights, arrivals, self.n, err,
-                                f"pipelined CR decode ({'aligned' if self.aligned else 'staggered'} schedule)")
+                                "pipelined CR decode")
 
 
 class PipelinedFR(PipelinedGradientCoding):
