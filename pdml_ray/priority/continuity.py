@@ -103,49 +103,64 @@ def dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
-class RunningSquares:
-    """``sum p^2`` of a priority vector, updated with the items that change: O(B) per change, O(1) to read.
+class RunningSum:
+    """``sum p`` of a non-negative vector, updated with the items that change: O(B) per change, O(1) to read.
 
-    Rounding: each update adds ``sum new^2`` and subtracts ``sum old^2``; the error of the running sum
+    Rounding: each update adds ``sum new`` and subtracts ``sum old``; the error of the running sum
     is at most ~B * 2^-53 times the total magnitude added and removed since the last exact sum (the
     ``churn``). When the churn exceeds ``2^20`` times the current sum (e.g. a peak of huge values
     came and went), ``value`` reads None and the owner recomputes with ``reset`` (O(N)); that keeps
-    the relative error below ~1e-7 for batches up to 10^3 items. A healthy table churns ~2B/N of its
-    sum per update, so at N = 20,000 and B = 640 that happens every ~10^7 updates."""
+    the relative error below ~1e-7 for batches up to 10^3 items, so the sum never drifts however
+    long the vector lives. A healthy table churns ~2B/N of its sum per update, so at N = 20,000 and
+    B = 640 that happens every ~10^7 updates."""
 
     CHURN_LIMIT = float(1 << 20)
 
     def __init__(self) -> None:
-        self.square = 0.0
+        self.total = 0.0
         self.churn = math.inf  # no exact sum yet: ``value`` is None until ``reset``
         self.resets = 0
 
+    def _sum(self, values: np.ndarray) -> float:
+        return float(np.sum(values))  # pairwise summation; an overflow is a silent inf, like the dots below
+
     def reset(self, values: np.ndarray) -> None:
-        """Exact ``sum values^2`` (shape (N,)): O(N)."""
-        v = np.asarray(values, dtype=np.float64)
-        self.square = dot(v, v)  # einsum: an overflow is a silent inf
+        """The exact sum over ``values`` (shape (N,)): O(N)."""
+        with np.errstate(over="ignore"):
+            self.total = self._sum(np.asarray(values, dtype=np.float64))
         self.churn = 0.0
         self.resets += 1
 
     def replace(self, old: np.ndarray, new: np.ndarray) -> None:
-        """Items with values ``old`` now hold ``new`` (float64, same shape (B,), each item once)."""
-        # np.vdot (BLAS, single-threaded below 10,000 items) is the cheapest call here and, like
-        # einsum, leaves an overflow as a silent inf, which ``value`` turns into a recomputation.
-        if new.size < 10_000:
-            added, removed = float(np.vdot(new, new)), float(np.vdot(old, old))
-        else:
-            added, removed = dot(new, new), dot(old, old)
-        self.square += added - removed
+        """Items with values ``old`` (float64 (B,), each item once) now hold ``new`` (float64 (B',)): an
+        item that enters has no old value, one that leaves no new one."""
+        with np.errstate(over="ignore"):
+            added, removed = self._sum(new), self._sum(old)
+        self.total += added - removed
         self.churn += added + removed
 
     @property
     def value(self) -> float | None:
         """The running sum, or None when it must be recomputed (``reset``): never computed, non-finite,
         negative after cancellation, or too much churn for its precision."""
-        s = self.square
+        s = self.total
         if not (math.isfinite(s) and math.isfinite(self.churn)) or s < 0.0 or self.churn > self.CHURN_LIMIT * s:
             return None
         return s
+
+
+class RunningSquares(RunningSum):
+    """``sum p^2`` of a priority vector, kept like ``RunningSum`` (the same rounding bound and churn rule)."""
+
+    def _sum(self, values: np.ndarray) -> float:
+        # np.vdot (BLAS, single-threaded below 10,000 items) is the cheapest call here and, like
+        # einsum, leaves an overflow as a silent inf, which ``value`` turns into a recomputation.
+        return float(np.vdot(values, values)) if values.size < 10_000 else dot(values, values)
+
+    @property
+    def square(self) -> float:
+        """The running sum of squares as it stands (``value`` says whether it can be trusted)."""
+        return self.total
 
 
 def normalized_ess(num_items: int, total: float, square: float) -> float:

@@ -11,6 +11,18 @@ over the table finite (1e300 / N, to the power 1 / alpha for alpha > 1). The sch
 check per report (``SamplePriorityDeriver.report_rejection``), so a refused report is counted and the
 rest of its batch applied; a checkpoint's scores are checked the same way before they are loaded.
 
+Robust scores. A loss that passes is still clipped where it enters, to ``CLIP_FACTOR`` (10^6) times
+the table's robust scale: the median of up to ``SCALE_ITEMS`` (256) scores of seen samples drawn at
+random (with the batch's own losses while fewer than 64 samples are seen; the mean where the median
+is 0). One diverged loss (1e18 among losses near 1) then enters as the highest score, drawn first
+and replaced by its next loss, instead of holding every digit of the table's sums. Scores are never negative (a negative loss
+counts as 0, the staleness decay is a convex mix of two non-negative numbers) and never above
+``max_loss``, so the decay cannot make an update fail and every state the table saves loads back.
+The sum of scores (the mean the decay and the gradient deriver read) is a ``RunningSum``: updated
+with each batch, and recomputed from the scores (O(N)) whenever the magnitude it has taken in and
+given out since its last exact sum could have cost it precision, so it cannot drift; the sum-tree
+recomputes its internal sums from their children on every write.
+
 Staleness. Scores not refreshed for ``stale_after`` steps decay towards the mean score:
 ``s <- mean + (s - mean) * (1 - staleness_decay)^steps``. The decay is applied in sweeps over a
 cursor that visits N / stale_after samples per step, so each sample is touched once per
@@ -46,11 +58,20 @@ import numpy as np
 from pdml_ray.config import ContinuityConfig, SamplePriorityConfig
 from pdml_ray.errors import ConfigError, ReportError, StateError
 from pdml_ray.priority.base import GaugeValue
-from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, RunningSquares, dot,
+from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, RunningSquares, RunningSum, dot,
                                           recalibrate_priorities)
 from pdml_ray.priority.estimators import EMA
 from pdml_ray.priority.sample_draws import SampleDraws
 from pdml_ray.priority.sumtree import SumTree
+
+CLIP_FACTOR = 1e6
+"""A loss enters the table as at most this many times the table's robust scale (module docstring): a
+peak of a million times the median still enters whole (judging peaks is the continuity check's job),
+and a loss beyond it is a diverged one."""
+SCALE_ITEMS = 256
+"""Seen scores sampled for the robust scale: the median of 256 draws is within ~6 percentile points."""
+_SCALE_MIN_SEEN = 64
+"""Below this many sampled seen scores the batch's own losses join the scale's reference."""
 
 _MAX_MASS = 1e300
 """Largest total sampling mass (sum of s^alpha, and sum of scores) the table lets in: below float64's
@@ -84,12 +105,14 @@ class SampleStats:
     """The part of continuity_seconds spent keeping the running sum of squares up to date (s)."""
     distinct_shortfalls: int = 0
     """Steps of ``replacement=False`` plans that took more samples than the data set has (drawn with repeats)."""
+    clipped_losses: int = 0
+    """Per-sample losses clipped to the robust cap where they entered (``CLIP_FACTOR`` x the table's scale)."""
 
     def summary_lines(self) -> list[str]:
         return [f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
                 f"epoch {self.epoch:.2f}, uniform mix {self.uniform_mix:.3g}, beta {self.beta:.3g}, "
                 f"recalibrations {self.recalibrations} (flat {self.collapsed_flat}, peaked {self.collapsed_peaked}, "
-                f"of {self.continuity_checks} checks)"]
+                f"of {self.continuity_checks} checks), clipped losses {self.clipped_losses}"]
 
     def gauges(self) -> list[GaugeValue]:
         out = [GaugeValue("pdml_sample_recalibrations_total", "continuity recalibrations of the sample priorities",
@@ -98,6 +121,8 @@ class SampleStats:
                           self.continuity_checks),
                GaugeValue("pdml_sample_continuity_seconds_total", "seconds spent on continuity checks and their "
                           "running sums", self.continuity_seconds),
+               GaugeValue("pdml_sample_clipped_losses_total", "per-sample losses clipped to the sample table's "
+                          "robust cap where they entered", self.clipped_losses),
                GaugeValue("pdml_sample_uniform_fallbacks_total", "sample plans that fell back to uniform draws",
                           self.uniform_fallbacks),
                GaugeValue("pdml_sample_seen_ratio", "fraction of the data set scored at least once (0-1)",
@@ -120,6 +145,7 @@ class SamplePrioritizer(SampleDraws):
         self.config = config if config is not None else SamplePriorityConfig()
         self.monitor = ContinuityMonitor(continuity, seed=seed + 1, name="sample priorities") if continuity else None
         self.rng = np.random.default_rng(seed)
+        self.scale_rng = np.random.default_rng(seed + 3)      # the robust scale's sample (not the draws' stream)
         # (N,) per-sample scores, valid where seen: the newest loss, or an EMA of the losses
         self._scores = EMA(n, self.config.score_ema if self.config.score == "loss_ema" else 1.0, prior=0.0)  # 0 unseen
         self.last_step = np.zeros(n, dtype=np.int64)          # (N,) step of the last loss for the sample
@@ -127,7 +153,9 @@ class SamplePrioritizer(SampleDraws):
         self._unseen_list = np.arange(n, dtype=np.int64)      # superset of the unseen samples
         self.unseen_count = n
         self.max_score = 0.0                                  # M: the score unseen samples get
-        self.seen_sum = 0.0                                   # sum of seen scores (for the mean)
+        self._score_sum = RunningSum()                        # sum of seen scores (for the mean); unseen are 0
+        self._score_sum.reset(np.zeros(0))
+        self.clipped = 0                                      # losses clipped to the robust cap so far
         self.recal_mix = 0.0
         self.recal_until = -1
         self._chunk = math.ceil(n / self.config.stale_after)  # samples the staleness sweep visits per step
@@ -163,6 +191,15 @@ class SamplePrioritizer(SampleDraws):
         """(N,) bool: the sample has reported a loss at least once."""
         return self._scores.measured
 
+    @property
+    def seen_sum(self) -> float:
+        """Sum of the seen samples' scores (the unseen hold 0), to the precision of an exact sum."""
+        total = self._score_sum.value
+        if total is None:
+            self._score_sum.reset(self.scores)  # O(N), rare: after a huge score came and went
+            total = self._score_sum.total
+        return total
+
     # ------------------------------------------------------------------ distribution (p, draws: SampleDraws)
     def _weight(self, scores: np.ndarray | float) -> np.ndarray:
         return np.power(scores, self.config.exponent, dtype=np.float64)
@@ -184,13 +221,16 @@ class SamplePrioritizer(SampleDraws):
         ok = np.isfinite(loss)
         idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
         if idx.size:
+            cap = self.score_cap(loss)
+            self.clipped += int(np.count_nonzero(loss > cap))
+            loss = np.minimum(loss, cap)
             uniq, first_rev = np.unique(idx[::-1], return_index=True)
             loss = loss[::-1][first_rev]
             was_seen = self.seen[uniq]
             old = self.scores[uniq]
             self._scores.update(uniq, loss)
             new = self.scores[uniq]
-            self.seen_sum += float(new.sum() - old[was_seen].sum())
+            self._score_sum.replace(old, new)  # an unseen sample's old score is 0
             self.last_step[uniq] = step
             self.unseen_count -= int(np.count_nonzero(~was_seen))
             self.max_score = max(self.max_score, float(new.max()))
@@ -225,6 +265,20 @@ class SamplePrioritizer(SampleDraws):
                     "worker's loss diverged or is not a per-sample loss")
         return None
 
+    def score_cap(self, losses: np.ndarray) -> float:
+        """The largest score a loss of this batch (float (B,), finite, >= 0) may set: ``CLIP_FACTOR`` times
+        the median of ``SCALE_ITEMS`` seen scores at random (with the batch's own losses while fewer than
+        ``_SCALE_MIN_SEEN`` are seen; the mean where the median is 0), or ``max_loss`` while there is no
+        scale (every reference value 0). O(SCALE_ITEMS + B)."""
+        sub = self.scale_rng.integers(0, self.num_samples, size=SCALE_ITEMS)
+        ref = self.scores[sub[self.seen[sub]]]
+        if ref.size < _SCALE_MIN_SEEN:
+            ref = np.concatenate([ref, losses])
+        scale = float(np.median(ref))
+        if not scale > 0.0:
+            scale = float(ref.mean())
+        return min(CLIP_FACTOR * scale, self.max_loss) if scale > 0.0 else self.max_loss
+
     def _decay_stale(self, step: int) -> None:
         if self._last_sweep_step is None:
             self._last_sweep_step = step
@@ -242,12 +296,13 @@ class SamplePrioritizer(SampleDraws):
         seen_total = self.num_samples - self.unseen_count
         if idx.size == 0 or seen_total == 0:
             return
-        mean = self.seen_sum / seen_total
-        # Decay for the steps since the previous visit (one cycle ago) or since the score went stale.
+        mean = min(max(self.seen_sum / seen_total, 0.0), self.max_loss)
+        # Decay for the steps since the previous visit (one cycle ago) or since the score went stale:
+        # a convex mix of the score and the mean, both in [0, max_loss] (clipped for rounding's sake).
         factor = np.power(1.0 - self.config.staleness_decay, np.minimum(overdue, self._cycle))
         old = self.scores[idx]
-        new = mean + (old - mean) * factor
-        self.seen_sum += float(new.sum() - old.sum())
+        new = np.clip(mean + (old - mean) * factor, 0.0, self.max_loss)
+        self._score_sum.replace(old, new)
         self.scores[idx] = new
         self._set_weights(idx, self._weight(new), old if self.config.exponent == 1.0 else None)
 
@@ -317,9 +372,9 @@ class SamplePrioritizer(SampleDraws):
         recal = verdict.recalibration
         assert recal is not None  # called only for a verdict that asks for one
         seen = np.flatnonzero(self.seen)
-        new = recalibrate_priorities(self.scores[seen], recal, self.rng)
+        new = np.clip(recalibrate_priorities(self.scores[seen], recal, self.rng), 0.0, self.max_loss)
         self.scores[seen] = new
-        self.seen_sum = float(new.sum())
+        self._score_sum.reset(self.scores)
         self.max_score = float(new.max()) if new.size else 0.0
         weights = np.zeros(self.num_samples)
         weights[seen] = self._weight(new)
@@ -339,7 +394,7 @@ class SamplePrioritizer(SampleDraws):
             seen_fraction=1.0 - self.unseen_count / self.num_samples, epoch=self.samples_drawn / self.num_samples,
             uniform_fallbacks=self.uniform_fallbacks, continuity_seconds=self.check_seconds,
             recalibration_seconds=self.recalibration_seconds, continuity_update_seconds=self.squares_seconds,
-            distinct_shortfalls=self.distinct_shortfalls)
+            distinct_shortfalls=self.distinct_shortfalls, clipped_losses=self.clipped)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -351,6 +406,7 @@ class SamplePrioritizer(SampleDraws):
             "last_check_step": self._last_check_step, "samples_drawn": self.samples_drawn,
             "recalibrations": self.recalibrations, "uniform_fallbacks": self.uniform_fallbacks,
             "distinct_shortfalls": self.distinct_shortfalls, "rng": self.rng.bit_generator.state,
+            "scale_rng": self.scale_rng.bit_generator.state, "clipped": self.clipped,
         }
         if self.monitor is not None:
             d["monitor"] = {"checks": self.monitor.checks, "collapsed_flat": self.monitor.collapsed_flat,
@@ -373,18 +429,25 @@ class SamplePrioritizer(SampleDraws):
                                and scores[seen].max() <= self.max_loss):
             raise StateError(f"checkpoint's sample scores must be finite and in [0, {self.max_loss:.4g}]; this one "
                              "was written before bad losses were refused: resume without its sample table")
+        max_score = float(d["max_score"])
+        if not (math.isfinite(max_score) and 0.0 <= max_score <= self.max_loss):
+            raise StateError(f"checkpoint's max_score {max_score!r} must be finite and in [0, {self.max_loss:.4g}]; "
+                             "resume from a state written by SamplePrioritizer.state_dict()")
         self._scores.load_state_dict({"values": d["scores"], "measured": d["seen"]})
         self.scores[~self.seen] = 0.0  # as in a fresh table: the running sum of squares relies on it
         self.last_step = np.array(d["last_step"], dtype=np.int64)
-        self.max_score, self.recal_mix, self.recal_until = float(d["max_score"]), float(d["recal_mix"]), int(d["recal_until"])
+        self.max_score, self.recal_mix, self.recal_until = max_score, float(d["recal_mix"]), int(d["recal_until"])
         self._cursor, self._last_sweep_step = int(d["cursor"]), d["last_sweep_step"]
         self._last_check_step, self.samples_drawn = d["last_check_step"], int(d["samples_drawn"])
         self.recalibrations, self.uniform_fallbacks = int(d["recalibrations"]), int(d["uniform_fallbacks"])
         self.distinct_shortfalls = int(d.get("distinct_shortfalls", 0))
         self.rng.bit_generator.state = d["rng"]
+        if "scale_rng" in d:  # absent in states written before losses were clipped
+            self.scale_rng.bit_generator.state = d["scale_rng"]
+        self.clipped = int(d.get("clipped", 0))
         self._unseen_list = np.flatnonzero(~self.seen).astype(np.int64)
         self.unseen_count = int(self._unseen_list.size)
-        self.seen_sum = float(self.scores[self.seen].sum())
+        self._score_sum.reset(self.scores)
         self._set_all_weights(np.where(self.seen, self._weight(self.scores), 0.0))
         if self.monitor is not None and "monitor" in d:
             m = d["monitor"]

@@ -60,7 +60,6 @@ class SampleDraws:
     _unseen_list: np.ndarray
     unseen_count: int
     max_score: float
-    seen_sum: float
     recal_mix: float
     recal_until: int
     samples_drawn: int
@@ -72,6 +71,9 @@ class SampleDraws:
     if TYPE_CHECKING:
         @property
         def seen(self) -> np.ndarray: ...
+
+        @property
+        def seen_sum(self) -> float: ...
 
     # ------------------------------------------------------------------ distribution
     def _unseen_weight(self) -> float:

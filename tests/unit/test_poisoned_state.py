@@ -314,3 +314,48 @@ def test_a_failing_deriver_does_not_withhold_the_others_decisions():
     bundle = s.bundle(_b(5), {"node": 0})
     assert isinstance(bundle.get("node"), NodeDecision) and bundle.get("sample") is None
     assert s.stats().decide_errors == 1
+
+
+# -- issue 22: one diverged loss, sums that cannot drift ---------------------------------------------
+def test_one_huge_loss_with_staleness_decay_on_does_not_poison_the_table():
+    """The issue's reproduction: a finite 1e18 loss among losses near 1e-3, staleness decay on, then
+    many normal reports. The table's running sum lost all precision and went negative, the decay
+    pulled scores below 0, and every later report raised inside ingest after the node deriver had
+    taken it; the state no longer loaded."""
+    cfg = _config(SamplePriorityConfig(staleness_decay=0.1, stale_after=2), global_batch_size=64)
+    s = Scheduler(cfg, 2)
+    s.set_dataset_size(200)
+    rng = np.random.default_rng(0)
+    s.report([_feedback(0, 0, range(100), rng.uniform(1e-3, 2e-3, 100)),
+              _feedback(1, 0, range(100, 200), rng.uniform(1e-3, 2e-3, 100))])
+    s.report([_feedback(0, 1, [5], [1e18])])
+    others = np.r_[0:5, 6:200]  # sample 5 is never reported again: it only decays
+    for step in range(2, 1500):
+        s.report([_feedback(w, step, rng.choice(others, 32), rng.uniform(1e-3, 2e-3, 32)) for w in range(2)])
+    table = s.derivers["sample"].table
+    assert s.reports_rejected == 0 and s.reports_received == 1 + 2 + 2 * 1498
+    scores = table.scores[table.seen]
+    assert np.all(np.isfinite(scores)) and scores.min() >= 0.0 and scores.max() <= 1e6 * 2e-3
+    assert table.seen_sum == pytest.approx(math.fsum(scores), rel=1e-9)
+    assert table.stats().clipped_losses == 1
+    t = Scheduler(cfg, 2)
+    t.load_state_dict(pickle.loads(pickle.dumps(s.state_dict())))
+    assert isinstance(t.bundle(_b(1500, (32, 32)), {"node": 0}).get("sample"), SampleDecision)
+
+
+def test_the_table_sums_equal_the_sums_of_its_leaves_after_1e5_random_updates():
+    rng = np.random.default_rng(22)
+    n = 2000
+    sp = SamplePrioritizer(n, SamplePriorityConfig(staleness_decay=0.05, stale_after=3, exponent=1.0), seed=0)
+    for step in range(2000):  # 2,000 updates of 50 scores each: 10^5 score writes
+        idx = rng.integers(0, n, 50)
+        # magnitudes across 24 decades, a few zeros and negative losses (they count as 0)
+        losses = 10.0 ** rng.uniform(-6, 18, 50) * rng.choice([1.0, 1.0, 1.0, 0.0, -1.0], 50)
+        sp.update(idx, losses, step)
+        if step % 500 == 499:  # the huge scores leave again: what is left is small against what came and went
+            sp.update(np.arange(n), rng.uniform(0.5, 1.0, n), step)
+            assert sp.seen_sum == pytest.approx(math.fsum(sp.scores), rel=1e-9)
+    leaves = sp.tree.values()
+    assert sp.tree.total == pytest.approx(math.fsum(leaves), rel=1e-12)
+    assert sp.seen_sum == pytest.approx(math.fsum(sp.scores[sp.seen]), rel=1e-9)
+    assert sp.scores.min() >= 0.0 and np.all(np.isfinite(sp.scores))
