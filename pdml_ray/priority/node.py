@@ -246,10 +246,14 @@ class NodePriorityDeriver(Deriver):
             gain = now[j] - lines[i].predict(candidate[i])
             if i != j:  # j's own time can only fall: the others decide whether the gain is noise
                 var_j, var_i = lines[j].predict_var(current[j]), lines[i].predict_var(current[i])
-                if var_i + var_j > 0.0:
-                    # Welch-Satterthwaite degrees of freedom of the difference
-                    dof = (var_i + var_j) ** 2 / (var_j ** 2 / max(lines[j].noise_dof, 1e-12)
-                                                   + var_i ** 2 / max(lines[i].noise_dof, 1e-12))
+                total = var_i + var_j
+                if total > 0.0:
+                    # Welch-Satterthwaite degrees of freedom of the difference, from the variances'
+                    # fractions of their sum (in [0, 1], one of them >= 1/2): squaring the variances
+                    # themselves underflowed to 0 / 0 once noise-free fits had forgotten their noise prior
+                    # (~1e-165 s^2; 64 workers, step ~3,400)
+                    fj, fi = var_j / total, var_i / total
+                    dof = 1.0 / (fj * fj / max(lines[j].noise_dof, 1e-12) + fi * fi / max(lines[i].noise_dof, 1e-12))
                     if gain <= student_quantile(cfg.decision_confidence, dof) * math.sqrt(var_i + var_j):
                         return False
             gains.append(gain)

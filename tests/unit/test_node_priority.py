@@ -223,3 +223,22 @@ def test_state_round_trip():
     assert b.current == a.current and np.allclose(b.fit.values, a.fit.values)
     assert b.fit.all_measured and not math.isnan(b.fit.values[0])
     assert b.stats() == a.stats()
+
+
+def test_the_noise_gate_survives_noise_free_telemetry_once_the_noise_prior_is_forgotten():
+    """Issue 22 item 7: 64 noise-free workers (t = b / r exactly, r within 5% of each other) on 49
+    samples each, which the 10% floor holds, so the gate runs at every boundary. Once the fits had
+    forgotten their noise prior (step ~3,400 at ema_alpha 0.1; ~1,700 at 0.2, as here) their
+    variances (~1e-165 s^2) squared to 0 in the Welch degrees of freedom: ZeroDivisionError."""
+    n = 64
+    rates = np.random.default_rng(0).uniform(950.0, 1050.0, n)
+    deriver = _deriver(NodePriorityConfig(global_batch_size=49 * n, warmup_steps=0, hysteresis=0.1,
+                                          ema_alpha=0.2), n)
+    for step in range(2000):
+        if step % 5 == 0:
+            deriver.decide(Boundary(step, 5, deriver.current.batch_sizes), {})
+        sizes = deriver.current.batch_sizes
+        deriver.ingest([WorkerReport(worker_id=i, step=step, samples=sizes[i], compute_s=sizes[i] / rates[i])
+                        for i in range(n)])
+    deriver.current.validate(49 * n)
+    assert deriver.current.batch_sizes == (49,) * n  # no gain beats the floor
