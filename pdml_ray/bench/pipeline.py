@@ -150,6 +150,26 @@ def run_ray(args: argparse.Namespace) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}", "compute": args.compute}
 
 
+def run_planning(args: argparse.Namespace) -> dict[str, Any]:
+    """What planning through the run's scheduler actor costs the driver (``pdml_ray.bench.pipeline_planning``)."""
+    if args.no_ray:
+        return {"skipped": "--no-ray"}
+    import ray
+
+    from pdml_ray.bench.pipeline_planning import measure_planning
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        return measure_planning(steps=8 if args.quick else 20, repeats=2 if args.quick else 3, seed=args.seed)
+    except Exception as exc:  # a failed measurement must not discard the simulated grid
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from pdml_ray.bench.common import finish, print_table
 
@@ -181,8 +201,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{'met' if t['met_every_seed'] else 'not met'} on every seed)")
     ray_section = run_ray(args)
     print(_ray_line(ray_section))
+    planning = run_planning(args)
+    if "actor_blocked_s_per_step" in planning:
+        targets["planning_actor_blocked_over_in_process"] = planning["target"]
+        print(f"planning ({planning['stages']} stages x {planning['replicas']} replicas x {planning['microbatches']} "
+              f"micro-batches, {planning['schedule']}; steps EMULATED): blocked {1e3 * planning['actor_blocked_s_per_step']:.2f} "
+              f"ms per step through the scheduler actor, fetched ahead, vs {1e3 * planning['in_process_plan_s_per_step']:.2f} "
+              f"ms planning in-process ({planning['actor_blocked_over_in_process']:.2f}x, target <= "
+              f"{planning['target']['target']}); planning ahead costs osprey "
+              f"{planning['plan_ahead_makespan_over_fresh']:.3f}x in simulated makespan")
     result = {"grid": grid, "schedules": list(SCHEDULES), "baselines": list(BASELINES), "steps": steps,
-              "seeds": seeds, "summary": summary, **speed, "targets": targets, "ray": ray_section,
+              "seeds": seeds, "summary": summary, **speed, "targets": targets, "ray": ray_section, "planning": planning,
               "compute": ray_section.get("compute", "none (Ray run skipped)"),
               "devices": {"grid": "none: discrete-event simulator, no model runs",
                           "ray": "cpu" if "skipped" not in ray_section else "not run"},
@@ -193,6 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "noise": "noisy: lognormal sigma 0.2 per action, micro-batch cv 0.1, drift 0.05 per step",
                 "memory_limit": "stages activations per replica (1F1B's peak)",
                 "ray": "one EMULATED slow replica in the Ray-actor run",
+                "planning": planning.get("emulated", "planning not measured"),
                 "compute": ray_section.get("emulated", "Ray run not made")}
     # The machine record names the device that actually ran something: the CPU for the stage actors,
     # none at all when only the simulator ran.

@@ -3,6 +3,7 @@ on one real ``PipelineRuntime`` with one EMULATED slow replica, compute real or 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Sequence
 
@@ -11,8 +12,10 @@ import torch
 from torch import nn
 
 from pdml_ray.actors.stage import DEFAULT_STAGE_NUM_CPUS
+from pdml_ray.config import PDMLConfig, PipelineConfig
 from pdml_ray.errors import ConfigError
 from pdml_ray.runtime.pipeline import PipelineRuntime, StepResult
+from pdml_ray.runtime.pipeline_plans import ScheduledPlans
 
 
 def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", stages: int = 3, replicas: int = 2,
@@ -79,10 +82,14 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
     runtime = PipelineRuntime(model, stages, replicas, nn.MSELoss(), lr=0.01, speeds={slow: slow_replica_speed},
                               num_cpus_per_actor=num_cpus_per_actor, compute=compute,
                               per_sample_s=per_sample_ms / 1e3 if compute == "sleep" else 0.0)
+    schedulers: dict[str, ScheduledPlans] = {}
     try:
         names = list(dict.fromkeys([static_name, adaptive_name, *also]))  # each schedule once, in this order
-        schedulers = {name: make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches,
-                                           config=config) for name in names}
+        # each schedule planned by its own run's scheduler actor (the runtime's default path), fetched ahead
+        base = config if config is not None else PipelineConfig()
+        schedulers.update({name: ScheduledPlans(PDMLConfig(pipeline=dataclasses.replace(base, schedule=name)),
+                                                stages=stages, replicas=replicas, microbatches=microbatches)
+                           for name in names})
         results: dict[str, list[StepResult]] = {name: [] for name in names}
         for rnd in range(warmup_steps + steps):
             x = torch.randn(batch, in_dim, generator=generator)
@@ -115,7 +122,11 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
             "static_step_s": timed[static_name], "adaptive_step_s": timed[adaptive_name],
             "paired": paired,
             "schedules": {name: {"median_step_s": med[name], "step_s": timed[name], "forward_counts": counts(rs),
-                                 "final_loss": rs[-1].loss} for name, rs in results.items()},
+                                 "final_loss": rs[-1].loss,
+                                 # the driver's time blocked waiting for plans from the scheduler actor
+                                 "plan_wait_s_per_step": schedulers[name].wait_s / schedulers[name].steps,
+                                 "plan_wait_over_step": schedulers[name].wait_s / schedulers[name].steps / med[name]}
+                          for name, rs in results.items()},
             # With sleep compute the costs are known exactly: what the simulator predicts for the same
             # schedules (no Ray overhead, no gradient sum), to read the measured step times against.
             "simulated_step_s": predicted,
@@ -135,6 +146,8 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
             "emulated": runtime.emulation_note(),
         }
     finally:
+        for plans in schedulers.values():
+            plans.close()
         runtime.shutdown()
         if started_ray:
             ray.shutdown()

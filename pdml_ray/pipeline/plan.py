@@ -159,6 +159,18 @@ class DecisionRecord(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
+class PlanSource(Protocol):
+    """What a runtime or the simulator plans a step with: a plan per step, its measurements back after it.
+    Every schedule is one; so is the run's scheduler seen through its client
+    (``pdml_ray.runtime.pipeline_plans.ScheduledPlans``)."""
+
+    name: str
+
+    def plan(self, step: int) -> Plan: ...
+
+    def observe(self, measurements: Sequence[Measurement]) -> None: ...
+
+
 class PipelineScheduler(Protocol):
     """What every schedule implements: a plan per step, measurements back after it, replayable state.
 

@@ -35,7 +35,7 @@ import numpy as np
 from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.dispatch import Dispatcher
-from pdml_ray.pipeline.plan import KIND_INDEX, Action, Measurement, PipelineScheduler, Plan, validate
+from pdml_ray.pipeline.plan import KIND_INDEX, Action, Measurement, Plan, PlanSource, validate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +229,7 @@ class PipelineSimulator:
                           memory_violations=sum(1 for v in peak.values() if v > budget), measurements=measurements)
 
 
-def simulate_schedule(scheduler: PipelineScheduler, simulator: PipelineSimulator, steps: int,
+def simulate_schedule(scheduler: PlanSource, simulator: PipelineSimulator, steps: int,
                       *, check: bool = False) -> list[StepResult]:
     """Plan, run and feed back ``steps`` global steps; ``check`` validates every plan first."""
     results = []

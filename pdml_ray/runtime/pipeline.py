@@ -38,7 +38,7 @@ from pdml_ray.metrics import PriorityGauges, export_or_warn
 from pdml_ray.pipeline.dispatch import Dispatcher
 from pdml_ray.pipeline.faults import Replan, Reroute, exclude_replicas
 from pdml_ray.pipeline.partition import split_sequential
-from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineScheduler, Plan, validate
+from pdml_ray.pipeline.plan import Action, Kind, Measurement, Plan, PlanSource, validate
 from pdml_ray.pipeline.stats import PipelineRunStats
 from pdml_ray.runtime.pipeline_faults import FaultHandling, PipelineFaultError, _in_ids, _StepState
 
@@ -141,7 +141,7 @@ class PipelineRuntime(FaultHandling):
 
     # -- one global step --------------------------------------------------------------------------
 
-    def run_step(self, scheduler: PipelineScheduler, inputs: Tensor, targets: Tensor, step: int) -> StepResult:
+    def run_step(self, scheduler: PlanSource, inputs: Tensor, targets: Tensor, step: int) -> StepResult:
         """One global step on the batch ``inputs`` (B, ...) / ``targets`` (B, ...) under ``scheduler``'s plan.
 
         The batch is cut into the plan's micro-batches (``tensor_split``: sizes differ by at most one);

@@ -16,7 +16,7 @@ FIGURES = {
     "sampling": {"steps_to_target_uniform", "steps_to_target_priority", "step_ratio", "time_to_target_uniform_s",
                  "time_to_target_priority_s", "time_ratio", "target_metric", "control", "sumtree", "ablations",
                  "arms", "ratio_direction", "continuity_overhead_fraction", "continuity_cost_at_1e7", "targets"},
-    "pipeline": {"grid", "ray"},
+    "pipeline": {"grid", "ray", "planning"},
     "scheduler": {"workers", "reports_per_s", "decision_latency_p50_s", "decision_latency_p99_s", "rss_mb_start",
                   "rss_mb_end", "plain_class", "targets"},
     "stragglers": {"workers", "stragglers", "straggler_model", "policies", "time_to_target_ratio_vs_sync", "targets"},
