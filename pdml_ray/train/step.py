@@ -14,30 +14,36 @@ synchronisation point and no collective are added to the step; see ``wrappers``)
 ``step.loss`` all-reduces it before returning. After backward the combined gradient is checked once more (it is
 identical on every rank under DDP; FSDP2 agrees on its shards with one more tiny all-reduce): if it is
 still not finite (an overflow inside backward while every loss was finite), or every worker was
-excluded, the step's gradients are dropped (``p.grad = None``), so an ``optimizer.step()`` *after*
-the block leaves the parameters and the optimizer's state (momentum, Adam's moments and step count)
-as they were. ``step.excluded`` (ranks), ``step.dropped`` and ``ctx.nonfinite`` (counts per worker)
-say what happened; an excluded worker's step is reported with loss NaN and no per-sample losses (a NaN
+excluded, the step's gradients are dropped (``p.grad = None``), so the ``optimizer.step()`` that
+follows leaves the parameters and the optimizer's state (momentum, Adam's moments and step count) as
+they were. The check runs at the end of the block, or earlier if an optimizer steps inside it: a
+global optimizer step pre-hook (``torch.optim.optimizer.register_optimizer_step_pre_hook``,
+installed with the first step block) runs the open block's check before any ``optimizer.step()``,
+so an ``optimizer.step()`` inside the block after backward never applies a non-finite step.
+``step.excluded`` (ranks), ``step.dropped`` and ``ctx.nonfinite`` (counts per worker) say what happened; an excluded worker's step is reported with loss NaN and no per-sample losses (a NaN
 would poison the sample priorities). A worker excluded ``max_consecutive_nonfinite`` steps in a row
 (or that many dropped steps in a row) ends the run: every rank raises ``NonFiniteError`` naming the
 worker (rank and accelerator type) and the step.
 
 Not caught: a NaN that reaches the gradients of a finite loss on one rank is only seen after the
 reduction (the whole step is dropped, the worker is not named); an ``optimizer.step()`` inside the
-block runs before the check; a loss computed outside ``step.loss`` is not checked at all; P3 ordering
-applies its per-layer updates itself, so a dropped step still updates under P3.
+block *before* backward (it sees no gradient of this step); a loss computed outside ``step.loss``
+is not checked at all; P3 ordering applies its per-layer updates itself, so a dropped step still
+updates under P3.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from pdml_ray.emulation import emulate_speed, sleep_compute
 from pdml_ray.errors import NonFiniteError, UsageError
@@ -137,6 +143,25 @@ def _grads_nonfinite(params: list[torch.nn.Parameter], sharded: bool, device: to
     return found
 
 
+_OPEN_SCOPES: "weakref.WeakSet[StepScope]" = weakref.WeakSet()  # step blocks being run in this process
+_optimizer_guard_installed = False
+
+
+def _before_optimizer_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+    """torch's global optimizer step pre-hook: an open step block checks its gradients first."""
+    for scope in list(_OPEN_SCOPES):
+        scope.before_optimizer_step()
+
+
+def _install_optimizer_guard() -> None:
+    """Once per process: every optimizer (the user's, whatever its class) runs the hook above. A global
+    hook, because pdml-ray never sees the user's optimizer (there is no prepare_optimizer)."""
+    global _optimizer_guard_installed
+    if not _optimizer_guard_installed:
+        register_optimizer_step_pre_hook(_before_optimizer_step)
+        _optimizer_guard_installed = True
+
+
 class StepScope:
     """Times one step's compute, applies importance weights, combines gradients on exit."""
 
@@ -153,7 +178,9 @@ class StepScope:
         """Ranks whose contribution to this step was excluded (their loss was NaN or infinite)."""
         self.dropped = False
         """Whether this step's gradients were dropped (every rank excluded, or the combined gradient not
-        finite): ``optimizer.step()`` after the block then changes nothing."""
+        finite): ``optimizer.step()`` (in the block after backward, or after the block) changes nothing."""
+        self._checked = False  # the guard's check has run (at an optimizer step inside the block)
+        self._stop_due: tuple[int | None, int] | None = None  # what that check found for ``_stop``
 
     def loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
         """Weighted mean of per-sample losses (shape (b_i,)); a zero-size batch gives a zero loss.
@@ -217,7 +244,19 @@ class StepScope:
         self.ctx._open_scope = self
         self._ended, self._sleep_s, self._timed = False, 0.0, []
         self._guard, self._flags, self._flag_s, self.excluded, self.dropped = None, None, 0.0, (), False
+        self._checked, self._stop_due = False, None
+        _install_optimizer_guard()
+        _OPEN_SCOPES.add(self)
         return self
+
+    def before_optimizer_step(self) -> None:
+        """An optimizer steps inside this block: run the non-finite check now (once), so a step to be
+        dropped loses its gradients before the optimizer reads them. P3 is left alone: its per-layer
+        optimizers step during backward, before the gradients are complete."""
+        combiner = self.ctx._combiner
+        if self._guard is None or self._checked or combiner is None or combiner.name == "p3":
+            return
+        self._stop_due = self._check_finite()
 
     def compute_ended(self) -> None:
         """Backward's compute is done: DDP's last bucket calls this before launching that bucket's
@@ -249,6 +288,7 @@ class StepScope:
         ctx, combiner, timer = self.ctx, self.ctx._combiner, self.ctx._timer
         assert combiner is not None  # checked in __enter__
         ctx._open_scope = None
+        _OPEN_SCOPES.discard(self)
         if exc_type is not None:
             timer.abort()  # the exception propagates to the user
             return
@@ -261,7 +301,7 @@ class StepScope:
         end = combiner.compute_end() or now
         timed = self._timed + timer.collect()
         wait_s = launch_s + max(0.0, now - end - self._sleep_s)  # backward's wait for the all-reduce
-        stop = self._check_finite() if self._guard is not None else None
+        stop = self._check_finite() if self._guard is not None and not self._checked else self._stop_due
         ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, self._sleep_s)
         for step, span_s in timed:
             ctx._report_timed(step, span_s)
@@ -276,8 +316,9 @@ class StepScope:
         assert combiner is not None
         t0 = time.perf_counter()
         flags = self._flags if self._guard == "sync" else combiner.flags()
-        if flags is None:  # DDP: no bucket was reduced (no backward in the block): nothing to check
+        if flags is None:  # DDP: no bucket was reduced (no backward in the block yet): nothing to check
             return None
+        self._checked = True
         n = ctx.world_size
         if combiner.name != "p3":  # P3 holds the gradients itself (already applied per layer)
             found = _grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)

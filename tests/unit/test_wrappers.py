@@ -93,35 +93,67 @@ def test_a_loss_that_is_not_one_per_sample_is_refused(gloo):
         step.loss(torch.ones(8))  # a DataLoader batch that is not this step's indices
 
 
-def test_optimizer_step_inside_the_step_block_is_harmless_under_ddp(gloo):
-    """DDP combines the gradients inside backward: an optimizer step in the block sees combined ones."""
+def test_optimizer_step_inside_the_step_block_applies_the_combined_gradient_under_ddp(gloo):
+    """DDP combines the gradients inside backward: an optimizer step in the block applies combined ones."""
     ctx = _ctx()
     model = ctx.prepare_model(_model())
+    before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
     with ctx.step(_batch(weight=0.5)) as step:
         step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
-        combined = [p.grad.clone() for p in model.parameters()]
         opt.step()
-    for g, ref in zip(combined, _reference_grads(x, y)):
-        torch.testing.assert_close(g, 0.5 * ref)
+    assert not step.dropped
+    for p, b, ref in zip(model.parameters(), before, _reference_grads(x, y)):
+        torch.testing.assert_close(p.detach(), b - 0.1 * 0.5 * ref)  # SGD with lr 0.1 on w_0 g_0
 
 
 # -- non-finite losses and gradients (one rank: excluding it leaves nothing, so the step is dropped; the
 # -- renormalisation over the good ranks is checked on two and four Ray Train workers in
 # -- tests/ray/test_nonfinite_ray.py)
 
-def _nan_step(ctx, model, step, poison="loss", opt=None):
+def _nan_step(ctx, model, step, poison="loss", opt=None, step_inside=False):
+    """One step; ``poison``: a NaN loss ("loss"), a NaN gradient of a finite loss ("grad"), or None.
+    ``step_inside``: ``opt.step()`` inside the step block (after backward) instead of after it."""
     x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
     with ctx.step(_batch(step=step)) as scope:
         per_sample = F.cross_entropy(model(x), y, reduction="none")
         if poison == "loss":
             per_sample = per_sample * float("nan")
-        scope.loss(per_sample).backward()
-    if opt is not None:
+        out = scope.loss(per_sample)
+        if poison == "grad":
+            out = out + 0.0 * sum(p.sum() for p in model.parameters()) * float("inf")  # inf * 0: NaN gradients
+        out.backward()
+        if opt is not None and step_inside:
+            opt.step()
+            opt.zero_grad()
+    if opt is not None and not step_inside:
         opt.step()
         opt.zero_grad()
     return scope
+
+
+@pytest.mark.parametrize("wrap,poison", [("ddp", "loss"), ("ddp", "grad"), ("fsdp", "loss"), ("fsdp", "grad")])
+def test_a_nan_step_with_optimizer_step_inside_the_block_changes_nothing(gloo, wrap, poison):
+    """The guard runs before the optimizer (its step pre-hook), not at the end of the block after it."""
+    from torch.distributed.fsdp import fully_shard
+
+    ctx = _ctx()
+    model = ctx.prepare_model(torch.nn.parallel.DistributedDataParallel(_model()) if wrap == "ddp"
+                              else fully_shard(_model()))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    _nan_step(ctx, model, 0, poison=None, opt=opt, step_inside=True)  # one good step: Adam's state exists
+    full = (lambda p: p.full_tensor()) if wrap == "fsdp" else (lambda p: p)
+    before = [full(p.detach()).clone() for p in model.parameters()]
+    moments = [full(opt.state[p]["exp_avg"]).clone() for p in model.parameters()]
+    steps = [float(opt.state[p]["step"]) for p in model.parameters()]
+    scope = _nan_step(ctx, model, 1, poison=poison, opt=opt, step_inside=True)
+    assert scope.dropped and ctx.nonfinite.dropped_steps == 1
+    for p, b, m, k in zip(model.parameters(), before, moments, steps):
+        assert torch.equal(full(p.detach()), b) and bool(torch.isfinite(full(p.detach())).all())
+        assert torch.equal(full(opt.state[p]["exp_avg"]), m) and float(opt.state[p]["step"]) == k
+    scope = _nan_step(ctx, model, 2, poison=None, opt=opt, step_inside=True)  # and the next good step moves
+    assert not scope.dropped and not torch.equal(full(next(model.parameters()).detach()), before[0])
 
 
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
