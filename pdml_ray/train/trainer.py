@@ -17,6 +17,7 @@ from ray.exceptions import RayError
 from pdml_ray.actors.scheduler import RayTransport, create_scheduler
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
+from pdml_ray.config.training import check_ray_train
 from pdml_ray.errors import ConfigError
 from pdml_ray.priority.node import accelerator_from_gpu_name, accelerator_from_resources
 from pdml_ray.scheduler import SchedulerStats
@@ -121,7 +122,13 @@ class PDMLTrainer:
                               f"N >= 1; got num_workers={workers!r} (elastic ranges are not supported: batch "
                               "shares are split over a fixed set of ranks)")
         self.num_workers = workers
-        self.pdml_config.node.check_workers(self.num_workers)
+        if self.pdml_config.gradient_priority is not None:
+            # a computed axis must act or be refused: in Ray Train every rank's gradient enters the all-reduce
+            raise ConfigError("gradient_priority acts in the straggler-tolerant runtime (pdml_ray.runtime.stragglers, "
+                              "policies topk and async), where the aggregator chooses which gradients to apply; under "
+                              "PDMLTrainer every rank's gradient enters the weighted all-reduce, so nothing would act "
+                              "on it: leave PDMLConfig.gradient_priority unset here")
+        check_ray_train(self.pdml_config, self.num_workers)  # what validate-config checks too
         self.keep_scheduler = keep_scheduler
         self.scheduler = None  # the scheduler actor's handle after fit() when keep_scheduler=True
         self.kwargs = torch_trainer_kwargs
