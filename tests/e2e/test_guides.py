@@ -1,6 +1,7 @@
 """The capability guides (docs/guides/*.md) hold: their Python snippets run as written (a fresh
 interpreter each; the guides that need Ray share one local cluster), their config tables name real
-fields with their real defaults, and their links to BENCHMARKS.md sections and to files resolve."""
+fields with their real defaults, and their links to BENCHMARKS.md sections and to files resolve. The README stays a front page (at most
+12 KB, linking every guide), every doc's links resolve, and the docs index lists every doc."""
 
 from __future__ import annotations
 
@@ -97,25 +98,57 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def test_guides_link_existing_benchmark_sections_and_files():
-    anchors = {_slug(h) for h in re.findall(r"^#+ (.*)$", (ROOT / "BENCHMARKS.md").read_text(), re.M)}
+def _links(text: str) -> list[tuple[str, str]]:
+    """(target, anchor) of every Markdown link ``[...](target#anchor)`` in ``text``."""
+    return re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", text)
+
+
+def _anchors(path: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+
+
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+"""The front page and every doc: their links are checked the same way."""
+
+
+def test_guides_link_a_benchmark_section():
     for name in GUIDES:
-        text = guide_text(name)
-        links = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", text)
-        assert any(target.endswith("BENCHMARKS.md") and anchor for target, anchor in links), \
+        assert any(target.endswith("BENCHMARKS.md") and anchor for target, anchor in _links(guide_text(name))), \
             f"{name}.md links no BENCHMARKS.md section"
-        for target, anchor in links:
-            if target.startswith("http"):
-                continue
-            path = (GUIDES_DIR / target).resolve()
-            assert path.exists(), f"{name}.md links {target}, which does not exist"
-            if path.name == "BENCHMARKS.md" and anchor:
-                assert anchor in anchors, f"{name}.md links BENCHMARKS.md#{anchor}; sections: {sorted(anchors)}"
 
 
-def test_docs_index_lists_every_guide_and_notebook():
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_links_resolve_to_existing_files_and_sections(doc):
+    for target, anchor in _links(doc.read_text()):
+        if target.startswith("http"):
+            continue
+        path = (doc.parent / target).resolve()
+        assert path.exists(), f"{doc.name} links {target}, which does not exist"
+        if anchor and path.suffix == ".md":
+            assert anchor in _anchors(path), f"{doc.name} links {target}#{anchor}; sections: {sorted(_anchors(path))}"
+
+
+def test_readme_is_a_front_page_that_links_every_guide():
+    text = (ROOT / "README.md").read_text()
+    size = len(text.encode())
+    assert size <= 12 * 1024, f"README.md is {size} bytes; move detail into a guide under docs/ (at most 12,288)"
+    for name in GUIDES:
+        assert f"(docs/guides/{name}.md)" in text, f"the README's capability table does not link guides/{name}.md"
+
+
+def test_docs_python_blocks_outside_the_guides_compile():
+    """The other docs' snippets touch a live cluster (dashboards, status), so they are compiled, not run."""
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for i, block in enumerate(python_blocks(doc.read_text())):
+            compile(block, f"{doc.name} block {i}", "exec")
+
+
+def test_docs_index_lists_every_guide_doc_and_notebook():
     index = (ROOT / "docs" / "README.md").read_text()
     for name in GUIDES:
         assert f"(guides/{name}.md)" in index, f"docs/README.md does not link guides/{name}.md"
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        if doc.name != "README.md":
+            assert f"({doc.name})" in index, f"docs/README.md does not link {doc.name}"
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         assert f"(../notebooks/{notebook.name})" in index, f"docs/README.md does not link {notebook.name}"
