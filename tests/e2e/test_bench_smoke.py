@@ -20,13 +20,15 @@ FIGURES = {
     "scheduler": {"workers", "reports_per_s", "decision_latency_p50_s", "decision_latency_p99_s", "rss_mb_start",
                   "rss_mb_end", "plain_class", "targets"},
     "stragglers": {"workers", "stragglers", "straggler_model", "policies", "time_to_target_ratio_vs_sync", "targets"},
+    "gradients": {"workers", "stragglers", "straggler_model", "arms", "target_loss", "targets"},
 }
 EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
          "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "300"],
          "pipeline": [],
          "scheduler": ["--workers", "16", "--duration", "3"],
          "stragglers": ["--workers", "4", "--steps", "8", "--policies", "sync,gc-fr,pgc-cr", "--per-partition-ms", "20",
-                        "--no-death-run"]}
+                        "--no-death-run"],
+         "gradients": ["--workers", "4", "--steps", "6", "--fixed-sweep", "0", "--per-partition-ms", "10"]}
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
