@@ -13,7 +13,7 @@ for replay. Runtimes carry them out; nothing here knows about Ray.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,6 +58,44 @@ def _real(x: object, nan_ok: bool = False) -> bool:
     except OverflowError:  # an int beyond float64
         return False
     return math.isfinite(v) or (nan_ok and math.isnan(v))
+
+
+def _sequence(x: object) -> bool:
+    return isinstance(x, (list, tuple))
+
+
+def _numbers(x: object) -> bool:
+    """A list or tuple of real numbers (their ranges are ``validate``'s business)."""
+    return isinstance(x, (list, tuple)) and (all(type(v) is float or type(v) is int for v in x)  # noqa: E721
+                                             or all(isinstance(v, (int, float, np.integer, np.floating))
+                                                    and not isinstance(v, (bool, np.bool_)) for v in x))
+
+
+def _integers(xs: tuple) -> bool:
+    """All integers (``_integer``); plain ints are checked first, ~5x cheaper (a decision of 256 workers)."""
+    return all(type(v) is int for v in xs) or all(_integer(v) for v in xs)  # noqa: E721
+
+
+def _reals(xs: tuple) -> bool:
+    """All finite reals (``_real``); plain finite floats first (``v - v == 0.0``: finite only), ~5x cheaper."""
+    return all(type(v) is float and v - v == 0.0 for v in xs) or all(_real(v) for v in xs)  # noqa: E721
+
+
+def _check_fields(d: object, what: str, required: Mapping[str, Callable[[object], bool]],
+                  optional: Mapping[str, type]) -> None:
+    """Raise PlanError unless ``d`` is a mapping with every required field passing its check (a
+    predicate) and each optional one present only with its type: what a decision's ``from_dict`` reads."""
+    if not isinstance(d, Mapping):
+        raise PlanError(f"a {what} must be a mapping of its fields, got {type(d).__name__}")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise PlanError(f"a {what} needs the fields {sorted(required)}; {missing} missing")
+    for k, check in required.items():
+        if not check(d[k]):
+            raise PlanError(f"{what}: field {k!r} has the wrong type ({type(d[k]).__name__}: {d[k]!r:.80})")
+    for k, kind in optional.items():
+        if k in d and not isinstance(d[k], kind):
+            raise PlanError(f"{what}: field {k!r} must be a {kind.__name__}, got {type(d[k]).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,17 +255,33 @@ class NodeDecision:
     def global_batch_size(self) -> int:
         return sum(self.batch_sizes)
 
-    def validate(self, global_batch_size: int | None = None) -> None:
-        """Raise PlanError unless sizes are non-negative, sum right, and weights match them."""
+    def validate(self, global_batch_size: int | None = None, min_batch: int = 0, max_batch: int | None = None,
+                 num_workers: int | None = None) -> None:
+        """Raise PlanError unless this is a decision the node deriver could have made: one integer batch
+        size per worker (``num_workers``, when given) within [min_batch, max_batch] summing to
+        ``global_batch_size`` (when given; else to something positive), the weights their batch shares,
+        and finite shares >= 0. A new decision and one restored from a checkpoint are checked alike."""
         n = len(self.batch_sizes)
-        if n == 0 or len(self.grad_weights) != n or len(self.shares) != n:
-            raise PlanError(f"decision v{self.version}: {n} sizes, {len(self.grad_weights)} weights, {len(self.shares)} shares")
-        if min(self.batch_sizes) < 0:
-            raise PlanError(f"decision v{self.version}: negative batch size in {self.batch_sizes}")
+        if n == 0 or len(self.grad_weights) != n or len(self.shares) != n or (num_workers is not None
+                                                                              and n != num_workers):
+            raise PlanError(f"decision v{self.version}: {n} sizes, {len(self.grad_weights)} weights, "
+                            f"{len(self.shares)} shares; expected one of each per worker"
+                            + (f" ({num_workers})" if num_workers is not None else ""))
+        if not _integers(self.batch_sizes):
+            raise PlanError(f"decision v{self.version}: batch sizes {self.batch_sizes!r} must be integers")
+        if not (_reals(self.grad_weights) and _reals(self.shares)) or min(self.shares) < 0:
+            raise PlanError(f"decision v{self.version}: weights {self.grad_weights!r} and shares {self.shares!r} "
+                            "must be finite numbers (shares >= 0)")
+        low, high = min(self.batch_sizes), max(self.batch_sizes)
+        if low < max(min_batch, 0) or (max_batch is not None and high > max_batch):
+            raise PlanError(f"decision v{self.version}: batch sizes {self.batch_sizes} must lie in "
+                            f"[{max(min_batch, 0)}, {max_batch if max_batch is not None else 'no cap'}] "
+                            "(node_priority.min_batch, max_batch)")
         total = sum(self.batch_sizes)
         if total <= 0 or (global_batch_size is not None and total != global_batch_size):
             raise PlanError(f"decision v{self.version}: batch sizes {self.batch_sizes} sum to {total}, "
-                            f"expected {global_batch_size}")
+                            f"expected {global_batch_size if global_batch_size is not None else 'a positive total'}"
+                            " (node_priority.global_batch_size)")
         for b, w in zip(self.batch_sizes, self.grad_weights):
             if abs(w - b / total) > 1e-9:
                 raise PlanError(f"decision v{self.version}: weight {w} != batch share {b}/{total}")
@@ -237,9 +291,14 @@ class NodeDecision:
                 "grad_weights": list(self.grad_weights), "shares": list(self.shares), "reason": self.reason}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "NodeDecision":
-        return cls(version=d["version"], effective_step=d["effective_step"], batch_sizes=tuple(d["batch_sizes"]),
-                   grad_weights=tuple(d["grad_weights"]), shares=tuple(d["shares"]), reason=d.get("reason", ""))
+    def from_dict(cls, d: Mapping) -> "NodeDecision":
+        """The decision ``to_dict`` wrote; PlanError if a field is missing or of the wrong type (its
+        values are checked by ``validate``)."""
+        _check_fields(d, "node decision", {"version": _integer, "effective_step": _integer, "batch_sizes": _numbers,
+                                           "grad_weights": _numbers, "shares": _numbers}, {"reason": str})
+        return cls(version=int(d["version"]), effective_step=int(d["effective_step"]),
+                   batch_sizes=tuple(d["batch_sizes"]), grad_weights=tuple(d["grad_weights"]),
+                   shares=tuple(d["shares"]), reason=d.get("reason", ""))
 
     def __str__(self) -> str:
         sizes = " ".join(str(b) for b in self.batch_sizes)
@@ -285,6 +344,18 @@ class SamplePlan:
             if len(w) and not (np.all(np.isfinite(w)) and w.min() >= 0):
                 raise PlanError(f"sample plan step {self.step}: worker {i} has negative or non-finite weights")
 
+    def to_dict(self) -> dict:
+        """Plain fields; the index and weight arrays stay numpy arrays (``pdml_ray.state_format`` stores them)."""
+        return {"step": self.step, "indices": list(self.indices), "weights": list(self.weights)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "SamplePlan":
+        """The plan ``to_dict`` wrote; PlanError unless it is well formed (``validate``)."""
+        _check_fields(d, "sample plan", {"step": _integer, "indices": _sequence, "weights": _sequence}, {})
+        plan = cls(step=int(d["step"]), indices=tuple(d["indices"]), weights=tuple(d["weights"]))
+        plan.validate()
+        return plan
+
 
 @dataclass(frozen=True, slots=True)
 class SampleDecision:
@@ -293,6 +364,24 @@ class SampleDecision:
     version: int
     effective_step: int
     plans: tuple[SamplePlan, ...]
+
+    def validate(self) -> None:
+        """Raise PlanError unless every plan is well formed (``SamplePlan.validate``)."""
+        if not isinstance(self.plans, (tuple, list)) or not all(isinstance(p, SamplePlan) for p in self.plans):
+            raise PlanError(f"sample decision v{self.version}: plans must be a sequence of SamplePlan")
+        for plan in self.plans:
+            plan.validate()
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "effective_step": self.effective_step,
+                "plans": [p.to_dict() for p in self.plans]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "SampleDecision":
+        """The decision ``to_dict`` wrote; PlanError unless its plans are well formed."""
+        _check_fields(d, "sample decision", {"version": _integer, "effective_step": _integer, "plans": _sequence}, {})
+        return cls(version=int(d["version"]), effective_step=int(d["effective_step"]),
+                   plans=tuple(SamplePlan.from_dict(p) for p in d["plans"]))
 
     def __str__(self) -> str:
         steps = f"{self.plans[0].step}..{self.plans[-1].step}" if self.plans else "none"
@@ -329,13 +418,15 @@ class GradientDecision:
         n = len(self.priorities)
         if n == 0 or (num_workers is not None and n != num_workers):
             raise PlanError(f"gradient decision v{self.version}: {n} priorities, expected {num_workers}")
-        if not all(math.isfinite(p) and p >= 0 for p in self.priorities):
+        if not (_reals(self.priorities) and min(self.priorities) >= 0):
             raise PlanError(f"gradient decision v{self.version}: priorities must be finite and >= 0, got {self.priorities}")
-        if not (0.0 < self.k_fraction <= 1.0):
+        if not (_real(self.k_fraction) and 0.0 < self.k_fraction <= 1.0):
             raise PlanError(f"gradient decision v{self.version}: k_fraction {self.k_fraction} not in (0, 1]")
-        if len(self.weights) != 3 or min(self.weights) < 0 or abs(sum(self.weights) - 1.0) > 1e-6:
+        if (len(self.weights) != 3 or not all(_real(w) for w in self.weights) or min(self.weights) < 0
+                or abs(sum(self.weights) - 1.0) > 1e-6):
             raise PlanError(f"gradient decision v{self.version}: weights {self.weights} are not on the simplex")
-        if self.max_wait < 1 or self.max_staleness < 0:
+        if not (_integer(self.max_wait) and _integer(self.max_staleness) and self.max_wait >= 1
+                and self.max_staleness >= 0):
             raise PlanError(f"gradient decision v{self.version}: max_wait {self.max_wait} must be >= 1 and "
                             f"max_staleness {self.max_staleness} >= 0")
 
@@ -345,7 +436,14 @@ class GradientDecision:
                 "max_staleness": self.max_staleness, "reason": self.reason}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GradientDecision":
+    def from_dict(cls, d: Mapping) -> "GradientDecision":
+        """The decision ``to_dict`` wrote; PlanError if a field is missing or of the wrong type (its
+        values are checked by ``validate``)."""
+        _check_fields(d, "gradient decision", {"version": _integer, "effective_step": _integer,
+                                               "priorities": _numbers, "k_fraction": _real, "weights": _numbers,
+                                               "max_wait": _integer, "max_staleness": _integer}, {"reason": str})
+        if len(d["weights"]) != 3:
+            raise PlanError(f"gradient decision: weights must be (alpha, beta, gamma), got {d['weights']!r:.80}")
         w = tuple(float(x) for x in d["weights"])
         return cls(version=d["version"], effective_step=d["effective_step"],
                    priorities=tuple(float(p) for p in d["priorities"]), k_fraction=float(d["k_fraction"]),

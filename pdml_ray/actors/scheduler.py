@@ -5,9 +5,12 @@ transport).
 Restarts. The actor has ``max_restarts=-1``: if its process dies, Ray runs its constructor again with
 the same arguments. So that a restarted scheduler does not start empty, a background thread saves a
 snapshot of its state every ``SNAPSHOT_INTERVAL_S`` (when anything changed): ``Scheduler.state_dict()``
-(estimates, decisions, the sample table, counters: reports received and rejected, last step) pickled
-as a checkpoint's ``pdml_scheduler_state.pkl`` holds it, plus the restart count. The restarted
-constructor (``was_current_actor_reconstructed``) loads it. What was reported after the snapshot is
+(estimates, decisions, the sample table, counters: reports received and rejected, last step) in the
+same data format as a checkpoint's (``pdml_ray.state_format``: JSON plus arrays, never a pickle),
+plus the restart count. The restarted constructor (``was_current_actor_reconstructed``) reads it,
+checks every decision in it as a new one is checked, and loads it; a snapshot that does not read back
+whole (damaged, foreign, a decision this run could not make) is refused with an error in the log, and
+the actor starts empty. What was reported after the snapshot is
 lost (workers count what they could not deliver in ``SchedulerClient.reports_dropped``); the decision
 versions continue from the workers' (``Scheduler.bundle``).
 
@@ -21,7 +24,7 @@ snapshot), and one larger than ``SNAPSHOT_MAX_BYTES`` (a sample table of tens of
 is not written, with a warning: such a scheduler restarts empty, as without snapshots. A scheduler
 started afresh (not restarted) under a name deletes the snapshot an earlier run of that name left.
 The cost is bounded: the state is copied under the lock (the node state of 256 workers: well under a
-millisecond), pickled and written outside it, and the interval stretches so that snapshots take at most
+millisecond), encoded and written outside it, and the interval stretches so that snapshots take at most
 ``SNAPSHOT_MAX_FRACTION`` of the actor's time.
 """
 
@@ -29,8 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import json
 import os
-import pickle
 import sys
 import threading
 import time
@@ -46,9 +49,10 @@ from ray.exceptions import RayActorError, RayError
 from pdml_ray.client import PackedReports
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
-from pdml_ray.errors import ConfigError, PDMLError, SchedulerUnavailableError
+from pdml_ray.errors import ConfigError, PDMLError, SchedulerUnavailableError, StateError
 from pdml_ray.metrics import PriorityGauges, ray_report_interval_s
 from pdml_ray.scheduler import Scheduler, SchedulerStats
+from pdml_ray.state_format import check_scheduler_decisions, dumps, loads
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +89,13 @@ SNAPSHOT_CHUNK_BYTES = 8 * 1024 * 1024
 SNAPSHOT_MAX_BYTES = 256 * 1024 * 1024
 """A larger snapshot is not written (with a warning): it would sit in the GCS's memory."""
 _KV_NAMESPACE = "pdml"
+_MANIFEST_FORMAT = "pdml-ray-snapshot-manifest"
+_MANIFEST_VERSION = 1
 
 
 class SnapshotStore:
     """The scheduler's snapshot in Ray's GCS internal KV: chunks of a generation, then a manifest
-    naming it (written last: a reader sees the previous snapshot or this one, never half of one)."""
+    naming it (JSON, written last: a reader sees the previous snapshot or this one, never half of one)."""
 
     def __init__(self, name: str, namespace: str) -> None:
         self.prefix = f"scheduler-snapshot/{quote(namespace, safe='')}/{quote(name, safe='')}/"
@@ -100,30 +106,51 @@ class SnapshotStore:
         chunks = [blob[i:i + SNAPSHOT_CHUNK_BYTES] for i in range(0, len(blob), SNAPSHOT_CHUNK_BYTES)] or [b""]
         for i, chunk in enumerate(chunks):
             kv._internal_kv_put(f"{self.prefix}{generation}/{i}", chunk, overwrite=True, namespace=_KV_NAMESPACE)
-        manifest = {"generation": generation, "chunks": len(chunks), "bytes": len(blob), "crc32": zlib.crc32(blob)}
-        kv._internal_kv_put(f"{self.prefix}manifest", pickle.dumps(manifest), overwrite=True, namespace=_KV_NAMESPACE)
+        manifest = {"format": _MANIFEST_FORMAT, "version": _MANIFEST_VERSION, "generation": generation,
+                    "chunks": len(chunks), "bytes": len(blob), "crc32": zlib.crc32(blob)}
+        kv._internal_kv_put(f"{self.prefix}manifest", json.dumps(manifest).encode(), overwrite=True,
+                            namespace=_KV_NAMESPACE)
         kv._internal_kv_del(f"{self.prefix}{generation - 1}/", del_by_prefix=True, namespace=_KV_NAMESPACE)
 
     def load(self) -> tuple[bytes, int] | None:
-        """The newest committed snapshot and its generation, or None (none, or not whole: a warning)."""
+        """The newest committed snapshot's bytes and its generation, or None when there is none;
+        StateError when the manifest is not one ``save`` wrote or its chunks are missing or corrupt."""
         from ray.experimental import internal_kv as kv
 
         raw = kv._internal_kv_get(f"{self.prefix}manifest", namespace=_KV_NAMESPACE)
         if raw is None:
             return None
-        manifest = pickle.loads(raw)
+        manifest = _manifest(raw, f"{self.prefix}manifest")
         parts = [kv._internal_kv_get(f"{self.prefix}{manifest['generation']}/{i}", namespace=_KV_NAMESPACE)
                  for i in range(manifest["chunks"])]
         blob = b"".join(p for p in parts if p is not None)
         if None in parts or len(blob) != manifest["bytes"] or zlib.crc32(blob) != manifest["crc32"]:
-            log.warning("the scheduler's snapshot %s is incomplete or corrupt: it restarts empty", self.prefix)
-            return None
-        return blob, int(manifest["generation"])
+            crc = "matches" if zlib.crc32(blob) == manifest["crc32"] else "does not match"
+            raise StateError(f"the scheduler snapshot {self.prefix} in Ray's GCS KV is incomplete or corrupt "
+                             f"({len(blob)} of {manifest['bytes']} bytes, the CRC {crc}): the restarted scheduler "
+                             "starts empty")
+        return blob, manifest["generation"]
 
     def clear(self) -> None:
         from ray.experimental import internal_kv as kv
 
         kv._internal_kv_del(self.prefix, del_by_prefix=True, namespace=_KV_NAMESPACE)
+
+
+def _manifest(raw: bytes, key: str) -> dict[str, int]:
+    """The snapshot manifest ``SnapshotStore.save`` wrote (JSON), its fields checked; StateError if not."""
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # not UTF-8 or not JSON (a pickle, say): never unpickled
+        raise StateError(f"the scheduler snapshot manifest {key} in Ray's GCS KV is not JSON ({type(e).__name__}); "
+                         "it was not written by this pdml-ray: the restarted scheduler starts empty") from None
+    fields = ("generation", "chunks", "bytes", "crc32")
+    if not (isinstance(manifest, dict) and manifest.get("format") == _MANIFEST_FORMAT
+            and manifest.get("version") == _MANIFEST_VERSION
+            and all(type(manifest.get(k)) is int and manifest[k] >= 0 for k in fields)):  # noqa: E721 - not bools
+        raise StateError(f"the scheduler snapshot manifest {key} in Ray's GCS KV is not a {_MANIFEST_FORMAT} version "
+                         f"{_MANIFEST_VERSION} with integer {', '.join(fields)}: the restarted scheduler starts empty")
+    return {k: manifest[k] for k in fields}
 
 
 def _kv_ready() -> bool:
@@ -184,20 +211,33 @@ class MeteredScheduler(Scheduler):
                 log.warning("scheduler %s restarted without a snapshot: it starts empty", self.config.scheduler_name)
                 self.restarts = 1
                 return
-            blob, self._generation = found
-            saved = pickle.loads(blob)
-            self.load_state_dict(saved["state"])
-            self.registered = set(saved.get("registered", ()))
-            self.restarts = int(saved.get("restarts", 0)) + 1
+            blob, generation = found
+            source = f"the scheduler snapshot {self._store.prefix} (generation {generation}) in Ray's GCS KV"
+            saved = loads(blob, source, "the restarted scheduler starts empty")
+            if not (isinstance(saved, dict) and set(saved) == {"state", "registered", "restarts", "time"}
+                    and isinstance(saved["registered"], list)
+                    and all(type(w) is int and 0 <= w < self.num_workers for w in saved["registered"])  # noqa: E721
+                    and type(saved["restarts"]) is int and saved["restarts"] >= 0  # noqa: E721
+                    and isinstance(saved["time"], float)):
+                raise StateError(f"{source} does not hold the state, registered workers, restart count and time "
+                                 "a snapshot holds")
+            try:
+                check_scheduler_decisions(saved["state"], self.config, self.num_workers)
+                self.load_state_dict(saved["state"])
+            except PDMLError as e:  # a decision or deriver state this run refuses: the snapshot is bad
+                raise StateError(f"{source} holds a state this scheduler refuses: {e}") from None
+            self._generation = generation
+            self.registered = set(saved["registered"])
+            self.restarts = saved["restarts"] + 1
             self._snapshot_mark = self._mark()
             log.warning("scheduler %s restarted (%d times) from its snapshot of %.1f s ago: %d reports, step %d, "
-                        "versions %s", self.config.scheduler_name, self.restarts, time.time() - saved.get("time", 0.0),
+                        "versions %s", self.config.scheduler_name, self.restarts, time.time() - saved["time"],
                         self.reports_received, self.last_step, self.versions)
-        except (PDMLError, KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError) as e:
+        except StateError as e:
             Scheduler.__init__(self, self.config, self.num_workers)  # nothing half-loaded stays
             self.restarts = 1
-            log.error("scheduler %s restarted but could not load its snapshot (%s: %s): it starts empty",
-                      self.config.scheduler_name, type(e).__name__, e)
+            log.error("scheduler %s restarted but could not load its snapshot (%s): it starts empty",
+                      self.config.scheduler_name, e)
 
     def _mark(self) -> tuple:
         return (self.reports_received, self.reports_rejected, self.last_step, tuple(self.versions.items()),
@@ -215,9 +255,9 @@ class MeteredScheduler(Scheduler):
             store, mark = self._store, self._mark()
             if store is None or mark == self._snapshot_mark:
                 return 0.0
-            payload = {"format": 1, "state": Scheduler.state_dict(self), "registered": sorted(self.registered),
+            payload = {"state": Scheduler.state_dict(self), "registered": sorted(self.registered),
                        "restarts": self.restarts, "time": time.time()}
-        blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)  # outside the lock: the state is a copy
+        blob = dumps(payload)  # outside the lock: the state is a copy
         if len(blob) > SNAPSHOT_MAX_BYTES:
             if not self._snapshot_too_big:
                 log.warning("scheduler %s: its snapshot is %.0f MiB, more than SNAPSHOT_MAX_BYTES (%.0f MiB); it is "

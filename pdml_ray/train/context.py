@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import pickle
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -35,7 +34,8 @@ from pdml_ray.batching import step_slices
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
-from pdml_ray.errors import ConfigError, UsageError
+from pdml_ray.errors import ConfigError, PDMLError, StateError, UsageError
+from pdml_ray.state_format import check_decision, check_scheduler_decisions, read_state, write_state
 from pdml_ray.train.result_metrics import pdml_metrics
 from pdml_ray.train.step import NonFiniteCounts, StepBatch, StepScope, _Untimed
 from pdml_ray.train.timing import make_timer
@@ -43,7 +43,8 @@ from pdml_ray.train.wrappers import GradientCombiner, Sync, check_supported, com
 
 log = logging.getLogger(__name__)
 
-SCHEDULER_STATE_FILE = "pdml_scheduler_state.pkl"
+SCHEDULER_STATE_FILE = "pdml_scheduler_state.npz"
+"""pdml-ray's state in a checkpoint directory: a ``pdml_ray.state_format`` zip (JSON plus arrays)."""
 
 _context: PDMLContext | None = None  # this worker process's context while PDMLTrainer runs the user's loop
 
@@ -395,34 +396,59 @@ class PDMLContext:
 
     def save_scheduler_state(self, directory: str) -> bool:
         """Rank 0: write the scheduler's state (estimates, decisions, sample table), the decision in force
-        and the run's position (epoch, offset) into a checkpoint directory, next to the model. Other
-        ranks do nothing. Returns whether a file was written."""
+        and the run's position (epoch, offset) into a checkpoint directory, next to the model, as data
+        (``pdml_ray.state_format``: JSON plus arrays, never a pickle). Other ranks do nothing. Returns
+        whether a file was written."""
         if self.rank != 0 or self.client is None:
             return False
         self.flush()
         state = self.client.call("state_dict")
-        with open(os.path.join(directory, SCHEDULER_STATE_FILE), "wb") as f:
-            pickle.dump({"state": state, "decision": self.decision.to_dict(), "versions": dict(self.versions),
-                         "global_step": self.global_step, "position": self._position}, f)
+        write_state(os.path.join(directory, SCHEDULER_STATE_FILE),
+                    {"state": state, "decision": self.decision, "versions": dict(self.versions),
+                     "global_step": self.global_step, "position": tuple(self._position)})
         return True
 
     def load_scheduler_state(self, directory: str) -> bool:
         """Restore what ``save_scheduler_state`` wrote: rank 0 loads it into the scheduler; every rank
         resumes the decision, the step count and the position in the epoch (``start_epoch``; the next
         ``epoch(start_epoch, n)`` continues where the checkpoint was taken). Returns False if the
-        checkpoint has no pdml-ray state."""
+        checkpoint has no pdml-ray state.
+
+        Every rank reads and checks the whole file before anything is applied: a damaged file, or a
+        decision this run could not have made (batch sizes outside min/max or not summing to the global
+        batch, weights not their shares), raises the same StateError on every rank, and nothing changes."""
         path = os.path.join(directory, SCHEDULER_STATE_FILE)
         if not os.path.exists(path):
             return False
-        with open(path, "rb") as f:
-            saved = pickle.load(f)
+        saved = read_state(path)  # StateError naming the file if it is not a whole pdml-ray state
+        try:
+            if not (isinstance(saved, dict) and set(saved) == {"state", "decision", "versions", "global_step",
+                                                               "position"}):
+                raise StateError("it does not hold the state, decision, versions, global_step and position "
+                                 "save_scheduler_state writes")
+            decision, versions, step, position = (saved["decision"], saved["versions"], saved["global_step"],
+                                                  saved["position"])
+
+            def count(x: Any) -> bool:
+                return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+            if not (isinstance(decision, NodeDecision) and isinstance(versions, dict) and count(step)
+                    and all(isinstance(k, str) and count(v) for k, v in versions.items())
+                    and isinstance(position, tuple) and len(position) == 2 and all(count(x) for x in position)):
+                raise StateError(f"its decision, versions, global_step and position are malformed: {decision!r:.80}, "
+                                 f"{versions!r:.80}, {step!r:.20}, {position!r:.40}")
+            check_decision(decision, self.config, self.world_size)
+            check_scheduler_decisions(saved["state"], self.config, self.world_size)
+        except PDMLError as e:
+            raise StateError(f"{path} holds a pdml-ray state this run refuses: {e}. It was altered, or written by a "
+                             "run with another PDMLConfig or number of workers: resume from another checkpoint, or "
+                             "with the config that wrote it") from None
         if self.rank == 0 and self.client is not None:
             self.client.call("load_state_dict", saved["state"])
-        self.decision = NodeDecision.from_dict(saved["decision"])
-        self.versions = dict(saved.get("versions", {"node": self.decision.version}))
-        self.global_step = saved["global_step"]
-        epoch, offset = saved.get("position", (0, 0))
-        self._position = (int(epoch), int(offset))
+        self.decision = decision
+        self.versions = dict(versions)
+        self.global_step = step
+        self._position = (position[0], position[1])
         self._resume = self._position
         self.start_epoch = self._position[0]
         return True

@@ -3,7 +3,6 @@ loss are drawn more often, weights arrive with the plan, and the table survives 
 
 import json
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ import ray.train
 
 from pdml_ray.config import NodePriorityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.scheduler import Scheduler
+from pdml_ray.state_format import read_state
 from pdml_ray.train import PDMLTrainer
 from pdml_ray.train.context import SCHEDULER_STATE_FILE
 
@@ -59,8 +59,7 @@ def test_workers_had_different_batch_sizes_and_weights(run):
 def test_the_sample_table_survives_a_checkpoint(run):
     result, ranks, tmp, config = run
     assert ranks[0]["saved"] and not ranks[1]["saved"]
-    with open(os.path.join(tmp, SCHEDULER_STATE_FILE), "rb") as f:
-        saved = pickle.load(f)
+    saved = read_state(os.path.join(tmp, SCHEDULER_STATE_FILE))
     restored = Scheduler(config, 2)
     restored.load_state_dict(saved["state"])
     table = restored.derivers["sample"].table
