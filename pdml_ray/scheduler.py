@@ -13,9 +13,17 @@ What it owns, and no deriver does:
   step as ``effective_step``. A decision whose bundle reached the workers after its step (they
   never adopted it) is re-issued, with a new version, for the next boundary; so every decision a
   worker runs is in this history with the same version and effective step;
+- containment: any exception a deriver raises in ``ingest``, ``decide`` or ``stats``, and any decision it
+  makes that fails ``state_format.check_decision``, is caught here: that axis keeps its decision, the others
+  go on, and the error is counted per axis, logged (the first, then every 1000th) and shown in
+  ``stats()`` (``deriver_errors``), its gauges and ``pdml-ray status``. A deriver that raises in
+  ``ingest`` takes none of that batch (each validates, then writes), the others all of it;
 - the report log (telemetry columns), named one-off measurements, and checkpoint state, its counters
   included. Every history is bounded: decisions by rows and by numbers held (at 256 workers a
-  decision is 768 numbers), rejection reasons to the latest 100 (plus counts by kind).
+  decision is 768 numbers), rejection and error reasons to the latest 100 and 20 (plus counts by kind
+  and axis), measurement names to 1,000. ``load_state_dict`` loads everything or changes nothing:
+  it loads into copies of the derivers, checks every restored decision as a new one is checked
+  (``state_format.check_decision``), and swaps them in only when all of it succeeded.
 
 Its records (``SchedulerStats``, ``WorkerTimes``) and the report log's ring buffer (``ReportLog``) live
 in ``pdml_ray.scheduler_stats``; ``SchedulerStats`` is re-exported here.
@@ -23,6 +31,7 @@ in ``pdml_ray.scheduler_stats``; ``SchedulerStats`` is re-exported here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -35,12 +44,13 @@ import numpy as np
 
 from pdml_ray.client import PackedReports
 from pdml_ray.config import PDMLConfig
-from pdml_ray.decisions import Boundary, Decision, Rejection, StepBundle, WorkerReport
-from pdml_ray.errors import ConfigError, PDMLError, ReportError, StateError
+from pdml_ray.decisions import MAX_STEP, Boundary, Decision, Rejection, StepBundle, WorkerReport
+from pdml_ray.errors import ConfigError, PDMLError, PlanError, ReportError, StateError
 from pdml_ray.priority.base import Deriver
 from pdml_ray.priority.registry import DERIVERS, make_derivers
 from pdml_ray.scheduler_stats import (_LOG_COLUMNS, _RECENT_ROWS_PER_WORKER, ReportLog, SchedulerStats,
                                       recent_worker_times)
+from pdml_ray.state_format import check_decision
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
@@ -50,6 +60,10 @@ _HISTORY_ROWS = 10_000  # decisions kept per axis (a run deciding every 5 steps:
 _HISTORY_NUMBERS = 200_000  # ... and at most ~this many numbers per axis in memory (3 per worker; ~6 MB as Python floats)
 _SAVED_HISTORY_NUMBERS = 100_000  # the newest decisions saved in the state: ~1 MB pickled at most
 _REJECTION_REASONS = 100  # latest rejection reasons kept (counts by kind are kept for all)
+_ERROR_REASONS = 20  # latest deriver errors kept (counts per axis are kept for all)
+_LOG_EVERY = 1000  # the first of each kind of rejection or deriver error is logged, then every 1000th
+_MESSAGE_CHARS = 300  # a kept or logged reason is cut to this many characters (a value can print huge)
+_MEASUREMENTS = 1000  # named one-off measurements kept: a new name beyond is refused
 
 
 def _history_rows(num_workers: int, numbers: int) -> int:
@@ -83,6 +97,8 @@ class Scheduler:
         self.rejected_by_kind: dict[str, int] = {}  # rejected reports by the field at fault
         self.rejections: deque[str] = deque(maxlen=_REJECTION_REASONS)  # the latest reasons, for logs and status
         self.decide_errors = 0
+        self.deriver_errors: dict[str, int] = {}  # contained deriver failures per axis (ingest, decide, stats)
+        self.deriver_error_reasons: deque[str] = deque(maxlen=_ERROR_REASONS)
         self.last_step = -1  # newest step any accepted report came from
         self.ingest_s = 0.0  # time spent inside report() (seconds): the scheduler's own cost
         self.decision_s = 0.0  # time spent inside bundle() (seconds)
@@ -108,8 +124,12 @@ class Scheduler:
 
     def record_measurement(self, name: str, value: float) -> None:
         """Keep a named one-off measurement (a benchmark's comm_s, say) with the run's telemetry."""
-        if not (isinstance(name, str) and isinstance(value, (int, float)) and math.isfinite(value)):
-            raise ReportError(f"record_measurement: give a name (str) and a finite number, got {name!r}={value!r}")
+        if not (isinstance(name, str) and isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value)):
+            raise ReportError(f"record_measurement: give a name (str) and a finite number, got {name!r:.60}={value!r:.60}")
+        if name not in self.measurements and len(self.measurements) >= _MEASUREMENTS:
+            raise ReportError(f"record_measurement: {_MEASUREMENTS} measurement names are kept already; reuse a name "
+                              f"instead of {name!r:.60}")
         self.measurements[name] = float(value)
 
     def set_dataset_size(self, num_samples: int) -> None:
@@ -164,6 +184,9 @@ class Scheduler:
         last_step, received = self.last_step, 0
         checks = self._deriver_checks
         items = reports if isinstance(reports, (list, tuple, PackedReports)) else [reports]
+        if isinstance(items, PackedReports) and not isinstance(items.rows, (list, tuple)):
+            self._reject(Rejection("type", f"packed reports must hold a list of rows, got {type(items.rows).__name__}"))
+            return
         for r in items:
             rejection = self._rejection(r, checks)
             if rejection is not None:
@@ -177,14 +200,17 @@ class Scheduler:
             received += 1
             if r.samples != 0:  # not idle: a worker given no samples measured nothing
                 accepted.append(r)
-        # every report is checked before any is used: what follows does not refuse (a deriver that
-        # raises all the same leaves the batch counted, as the log shows, and the error goes up)
+        # every report is checked by every deriver before any deriver takes it: what follows does not
+        # refuse. A deriver that raises all the same (a bug) takes none of the batch and is counted.
         self.last_step = last_step
         self.reports_received += received
         self._log.extend(rows)
         if accepted:
-            for deriver in self.derivers.values():
-                deriver.ingest(accepted)
+            for name, deriver in self.derivers.items():
+                try:
+                    deriver.ingest(accepted)
+                except Exception as e:  # noqa: BLE001 - contained per axis, whatever a deriver raises
+                    self._deriver_failed(name, "ingest", e)
         self.ingest_s += time.perf_counter() - t0
 
     @property
@@ -211,8 +237,17 @@ class Scheduler:
         self.rejections.append(rejection.message)
         # the first of each kind, then every 1000th: a worker sending garbage every step must not flood the log
         if self.rejected_by_kind[rejection.field] % 1000 == 1:
-            log.warning("rejected report (%d of this kind so far): %s", self.rejected_by_kind[rejection.field],
-                        rejection.message)
+            log.warning("rejected report (%d of this kind so far): %.*s", self.rejected_by_kind[rejection.field],
+                        _MESSAGE_CHARS, rejection.message)
+
+    def _deriver_failed(self, name: str, phase: str, error: BaseException) -> None:
+        """Count, keep and log (the first, then every 1000th per axis) a deriver's contained failure."""
+        count = self.deriver_errors[name] = self.deriver_errors.get(name, 0) + 1
+        reason = f"{name} {phase}: {type(error).__name__}: {error}"[:_MESSAGE_CHARS]
+        self.deriver_error_reasons.append(reason)
+        if count % _LOG_EVERY == 1:
+            log.error("deriver failed (%d errors on the %r axis so far; it keeps its current decision): %s", count,
+                      name, reason, exc_info=not isinstance(error, PDMLError))
 
     # -- outputs -----------------------------------------------------------------------------------
     def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:
@@ -223,6 +258,9 @@ class Scheduler:
         report batch published a version per worker flush, each on partly updated estimates).
         """
         t0 = time.perf_counter()
+        problem = _request_problem(boundary, since, self.num_workers)
+        if problem is not None:
+            raise ReportError(f"bundle: {problem}")
         out: dict[str, Decision] = {}
         for name, deriver in self.derivers.items():
             seen = since.get(name, -1)
@@ -234,10 +272,11 @@ class Scheduler:
                     self.current[name] = dataclasses.replace(self.current[name], version=seen)  # type: ignore[type-var]
             try:
                 new = deriver.decide(boundary, out)
-            except PDMLError as e:  # this axis keeps its decision; the others still go out
+                if new is not None:
+                    self._check_decision(name, new)
+            except Exception as e:  # noqa: BLE001 - this axis keeps its decision; the others still go out
                 self.decide_errors += 1
-                log.error("deriver %r failed to decide at step %d (it keeps its current decision): %s",
-                          name, boundary.first_step, e)
+                self._deriver_failed(name, f"decide at step {boundary.first_step}", e)
                 new = None
             current = self.current.get(name)
             if new is not None:
@@ -252,6 +291,15 @@ class Scheduler:
         self.decision_s += self.last_decision_s
         self.decision_requests += 1
         return StepBundle(out)
+
+    def _check_decision(self, name: str, decision: object) -> None:
+        """PlanError unless ``decision`` is one axis ``name`` could publish in this run: of its axis's type
+        and passing ``state_format.check_decision`` (the node axis: one integer size per worker within
+        min/max summing to the global batch, weights the batch shares), a new one and a restored one alike."""
+        current = self.current.get(name)
+        if current is not None and type(decision) is not type(current):
+            raise PlanError(f"the {name!r} axis publishes {type(current).__name__}s, got {type(decision).__name__}")
+        check_decision(decision, self.config, self.num_workers)
 
     def _publish(self, name: str, decision: Decision, step: int) -> Decision:
         """Stamp ``decision`` with the next version of its axis, effective from ``step``."""
@@ -277,12 +325,19 @@ class Scheduler:
         return {name: rows[:, i] for i, name in enumerate(_LOG_COLUMNS)}
 
     def stats(self) -> SchedulerStats:
-        per_deriver = {name: d.stats() for name, d in self.derivers.items()}
+        per_deriver = {}
+        for name, d in self.derivers.items():
+            try:
+                per_deriver[name] = d.stats()
+            except Exception as e:  # noqa: BLE001 - one axis's broken record must not hide the others
+                self._deriver_failed(name, "stats", e)
         return SchedulerStats(versions=dict(self.versions), reports_received=self.reports_received,
                               reports_rejected=self.reports_rejected, last_step=self.last_step,
                               ingest_s=self.ingest_s, measurements=dict(self.measurements),
                               derivers={name: s for name, s in per_deriver.items() if s is not None},
                               rejected_by_kind=dict(self.rejected_by_kind), decide_errors=self.decide_errors,
+                              deriver_errors=dict(self.deriver_errors),
+                              deriver_error_reasons=tuple(self.deriver_error_reasons),
                               emulation=self.config.node_priority.emulation if self.config.node_priority else None,
                               decision_s=self.decision_s,
                               decision_requests=self.decision_requests, last_decision_s=self.last_decision_s,
@@ -300,10 +355,14 @@ class Scheduler:
                 "num_samples": self.num_samples,
                 "counters": {"reports_received": self.reports_received, "reports_rejected": self.reports_rejected,
                              "last_step": self.last_step, "rejected_by_kind": dict(self.rejected_by_kind),
-                             "rejections": list(self.rejections), "decide_errors": self.decide_errors}}
+                             "rejections": list(self.rejections), "decide_errors": self.decide_errors,
+                             "deriver_errors": dict(self.deriver_errors),
+                             "deriver_error_reasons": list(self.deriver_error_reasons)}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict``; StateError (and nothing loaded) when its shape or counters are wrong."""
+        """Restore a ``state_dict`` whole, or raise StateError and change nothing: the derivers' states load
+        into copies of the derivers, every restored decision (in force and in the history) must pass its
+        axis's ``check_decision`` as a new one would, and only then is everything swapped in."""
         if not isinstance(state, dict) or not all(isinstance(state.get(k), dict)
                                                   for k in ("derivers", "versions", "current", "history")):
             raise StateError("saved scheduler state must be a dict with 'derivers', 'versions', 'current' and "
@@ -313,32 +372,74 @@ class Scheduler:
             raise StateError(f"saved scheduler state has derivers {sorted(state['derivers'])}, this run enables "
                              f"{sorted(self.derivers)}; resume with the same PDMLConfig (sample_priority on or off)")
         versions = state["versions"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in versions.values()):
-            raise StateError(f"saved decision versions must be integers >= 0, got {versions!r}")
+        if not (set(versions) <= set(self.derivers)
+                and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP for v in versions.values())):
+            raise StateError(f"saved decision versions must be integers in [0, 2^62] per enabled axis, got "
+                             f"{versions!r:.200}")
         counters = _checked_counters(state.get("counters", {}))
-        if state.get("num_samples") is not None:
-            try:
-                self.set_dataset_size(state["num_samples"])
-            except ReportError as e:
-                raise StateError(f"saved scheduler state: {e}") from None
-        for name, deriver in self.derivers.items():
-            try:
+        num_samples = state.get("num_samples")
+        if num_samples is not None and not (isinstance(num_samples, int) and not isinstance(num_samples, bool)
+                                            and num_samples >= 1):
+            raise StateError(f"saved num_samples must be an integer >= 1 (the data set size), got {num_samples!r:.60}")
+        derivers = copy.deepcopy(self.derivers)  # one copy of them all: their bound peers are the copies too
+        try:
+            if num_samples is not None and num_samples != self.num_samples:
+                for deriver in derivers.values():
+                    deriver.on_dataset(num_samples)
+            for name, deriver in derivers.items():
                 deriver.load_state_dict(state["derivers"][name])
-            except PDMLError:
-                raise
-            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-                raise StateError(f"saved state of deriver {name!r} is malformed ({type(e).__name__}: {e}); load a "
-                                 "state written by Scheduler.state_dict() of the same pdml-ray version") from None
-        self.versions = dict(versions)
-        self.current.update(state["current"])
+        except StateError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever a malformed state makes a deriver raise, refused as one
+            raise StateError(f"saved state of the derivers is malformed ({type(e).__name__}: {str(e)[:200]}); load a "
+                             "state written by Scheduler.state_dict() of the same pdml-ray version") from None
+        current = dict(state["current"])
+        history = {}
         for name, decisions in state["history"].items():
-            self.history[name] = deque(decisions, maxlen=self.history_rows)
+            if name not in derivers or not isinstance(decisions, (list, tuple, deque)):
+                raise StateError(f"saved decision history {name!r:.40} must be a list of decisions of an enabled axis")
+            history[name] = deque(decisions, maxlen=self.history[name].maxlen)
+        for name, decisions in [(n, [d]) for n, d in current.items()] + list(history.items()):
+            if name not in derivers:
+                raise StateError(f"saved decision for axis {name!r:.40}, which this run does not enable")
+            for decision in decisions:
+                try:
+                    self._check_decision(name, decision)
+                except Exception as e:  # noqa: BLE001 - a restored decision is checked as a new one is
+                    raise StateError(f"saved {name} decision is not one this run could publish ({str(e)[:200]}); "
+                                     "resume from a state of a run with the same config and workers") from None
+        # everything loaded and checked: swap it in
+        self.derivers = derivers
+        if num_samples is not None:
+            self.num_samples = num_samples
+        self.versions = dict(versions)
+        self.current.update(current)
+        self.history.update(history)
         self.reports_received = counters.get("reports_received", self.reports_received)
         self.reports_rejected = counters.get("reports_rejected", self.reports_rejected)
         self.last_step = counters.get("last_step", self.last_step)
         self.decide_errors = counters.get("decide_errors", self.decide_errors)
         self.rejected_by_kind = dict(counters.get("rejected_by_kind", self.rejected_by_kind))
         self.rejections = deque(counters.get("rejections", self.rejections), maxlen=_REJECTION_REASONS)
+        self.deriver_errors = dict(counters.get("deriver_errors", self.deriver_errors))
+        self.deriver_error_reasons = deque(counters.get("deriver_error_reasons", self.deriver_error_reasons),
+                                           maxlen=_ERROR_REASONS)
+
+
+def _request_problem(boundary: object, since: object, num_workers: int) -> str | None:
+    """Why a ``bundle`` request cannot be served (a confused or foreign client), or None."""
+    def integer(x: object, low: int) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and low <= x <= MAX_STEP
+
+    if not (isinstance(boundary, Boundary) and integer(boundary.first_step, 0) and integer(boundary.num_steps, 1)):
+        return (f"the boundary must be a Boundary with integer first_step >= 0 and num_steps >= 1, got "
+                f"{boundary!r:.120}")
+    sizes = boundary.batch_sizes
+    if not (isinstance(sizes, (list, tuple)) and len(sizes) == num_workers and all(integer(b, 0) for b in sizes)):
+        return f"the boundary's batch_sizes must be {num_workers} integers >= 0 (one per worker), got {sizes!r:.120}"
+    if not (isinstance(since, Mapping) and all(isinstance(k, str) and integer(v, -1) for k, v in since.items())):
+        return f"since must map axis names to the decision versions the workers run on (integers >= -1), got {since!r:.120}"
+    return None
 
 
 def _checked_counters(counters: Any) -> dict[str, Any]:
@@ -353,9 +454,12 @@ def _checked_counters(counters: Any) -> dict[str, Any]:
         ok = ok and ("last_step" not in counters or count(counters["last_step"], -1))
         kinds = counters.get("rejected_by_kind", {})
         ok = ok and isinstance(kinds, dict) and all(isinstance(k, str) and count(n) for k, n in kinds.items())
-        reasons = counters.get("rejections", [])
-        ok = ok and isinstance(reasons, (list, tuple)) and all(isinstance(r, str) for r in reasons)
+        for key in ("rejections", "deriver_error_reasons"):
+            reasons = counters.get(key, [])
+            ok = ok and isinstance(reasons, (list, tuple)) and all(isinstance(r, str) for r in reasons)
+        errors = counters.get("deriver_errors", {})
+        ok = ok and isinstance(errors, dict) and all(isinstance(k, str) and count(n) for k, n in errors.items())
     if not ok:
-        raise StateError(f"saved scheduler counters are malformed: {counters!r}; counts must be integers >= 0 "
+        raise StateError(f"saved scheduler counters are malformed: {counters!r:.200}; counts must be integers >= 0 "
                          "(last_step >= -1), rejection reasons strings")
     return counters

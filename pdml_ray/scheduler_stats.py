@@ -39,6 +39,11 @@ class SchedulerStats:
     """Rejected reports by the field at fault (``worker_id``, ``compute_s``, ``sample_indices``, ...)."""
     decide_errors: int = 0
     """Boundaries at which a deriver failed to decide (its axis kept its decision; the others went out)."""
+    deriver_errors: Mapping[str, int] = field(default_factory=dict)
+    """Contained deriver failures per axis (an exception in ingest, decide or stats, or a decision that
+    failed its check): the axis kept its decision each time."""
+    deriver_error_reasons: tuple[str, ...] = ()
+    """The latest of those failures ("axis phase: error"), newest last."""
     emulation: str | None = None
     """What the run EMULATES (speeds, compute), in words; None when nothing is."""
     process_cpu_s: float | None = None
@@ -68,6 +73,10 @@ class SchedulerStats:
             lines[0] += " [rejected: " + ", ".join(f"{k} {n}" for k, n in sorted(self.rejected_by_kind.items())) + "]"
         if self.decide_errors:
             lines[0] += f"; derivers failed to decide {self.decide_errors} times"
+        if self.deriver_errors:
+            lines.append("deriver errors (each axis kept its decision): "
+                         + ", ".join(f"{axis} {n}" for axis, n in sorted(self.deriver_errors.items()))
+                         + (f"; latest: {self.deriver_error_reasons[-1]}" if self.deriver_error_reasons else ""))
         if self.process_cpu_s is not None:
             lines[0] += f"; scheduler CPU {self.process_cpu_s:.2f} s"
         if self.restarts:
@@ -97,6 +106,9 @@ class SchedulerStats:
                GaugeValue("pdml_last_step", "newest training step any worker reported", self.last_step)]
         out += [GaugeValue("pdml_reports_rejected_total", "worker reports rejected, by the field at fault", n,
                            (("field", kind),)) for kind, n in sorted(self.rejected_by_kind.items())]
+        out += [GaugeValue("pdml_scheduler_deriver_errors_total", "contained failures of a priority axis's deriver "
+                           "(ingest, decide or stats; the axis kept its decision)", n, (("axis", axis),))
+                for axis, n in sorted(self.deriver_errors.items())]
         if math.isfinite(self.last_decision_s):
             out.append(GaugeValue("pdml_scheduler_decision_latency_seconds",
                                   "seconds the scheduler took for its newest decision request", self.last_decision_s))

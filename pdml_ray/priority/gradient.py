@@ -70,6 +70,10 @@ from pdml_ray.priority.continuity import ContinuityMonitor
 from pdml_ray.priority.estimators import EMA
 
 TERMS = ("grad", "data", "node")
+INTERVAL_STEPS = 4096
+"""Steps of the current decision interval whose slowest compute time is kept one by one (a late report
+can still raise its step's maximum); beyond, the oldest half is folded into a count and a sum, so a run
+that reports without boundaries holds at most this many (300,000 distinct steps grew it by 21 MB)."""
 
 
 # -- normalisers ------------------------------------------------------------------------------------
@@ -262,6 +266,7 @@ class GradientPriorityDeriver(Deriver):
         # the current decision interval: loss sum and count, slowest compute time per step (s)
         self.interval_loss = [0.0, 0]
         self.interval_step_s: dict[int, float] = {}
+        self.interval_folded = (0, 0.0, -1)  # (steps, seconds) folded out of interval_step_s, and the newest such step
         self.previous: tuple[float, int, float] | None = None  # (mean loss, steps, seconds) of the last interval
         self.progress = math.nan                        # smoothed relative loss decrease per step
         self.best_progress = math.nan
@@ -290,7 +295,9 @@ class GradientPriorityDeriver(Deriver):
             return None
         try:
             signal = float(self.priority_fn(report))
-        except Exception as e:  # noqa: BLE001 - the user's function: any failure refuses this report only
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the user's function: any failure (SystemExit too) refuses this report only
             return Rejection("priority_fn", f"worker {report.worker_id} step {report.step}: gradient_priority."
                                             f"priority_fn {self.cfg.priority_fn!r} raised {type(e).__name__}: {e}")
         if math.isfinite(signal) and signal >= 0:
@@ -299,12 +306,17 @@ class GradientPriorityDeriver(Deriver):
                                         f"{self.cfg.priority_fn!r} returned {signal!r}; it must return a finite number >= 0")
 
     def ingest(self, reports: Sequence[WorkerReport]) -> None:
-        for r in reports:
+        """Fold a batch in. The user's ``priority_fn`` scores every report before anything is written: a
+        score it refuses now (``report_rejection`` passed it before) raises ReportError with the batch untaken."""
+        signals = [r.grad_norm for r in reports]
+        if self.priority_fn is not None:
+            for k, r in enumerate(reports):
+                signals[k] = signal = float(self.priority_fn(r))
+                if not (math.isfinite(signal) and signal >= 0):
+                    raise ReportError(f"gradient_priority.priority_fn {self.cfg.priority_fn!r} returned {signal!r} "
+                                      f"for worker {r.worker_id} step {r.step}; it must return a finite number >= 0")
+        for r, signal in zip(reports, signals):
             i = r.worker_id
-            signal = float(self.priority_fn(r)) if self.priority_fn is not None else r.grad_norm
-            if self.priority_fn is not None and not (math.isfinite(signal) and signal >= 0):
-                raise ReportError(f"gradient_priority.priority_fn {self.cfg.priority_fn!r} returned {signal!r} for "
-                                  f"worker {i} step {r.step}; it must return a finite number >= 0")
             if math.isfinite(signal) and signal >= 0:
                 self.worker_grad.update(i, signal)
                 self.grad_mean.update(signal)
@@ -316,9 +328,19 @@ class GradientPriorityDeriver(Deriver):
             if math.isfinite(r.grad_norm):
                 self.worker_norm.update(i, r.grad_norm)
             self.worker_rate.update(i, r.throughput)
-            self.interval_step_s[r.step] = max(self.interval_step_s.get(r.step, 0.0), r.compute_s)
+            if r.step > self.interval_folded[2]:  # a late report for a folded step is not a step of its own
+                self.interval_step_s[r.step] = max(self.interval_step_s.get(r.step, 0.0), r.compute_s)
             if r.sample_indices is not None:
                 self.last_indices[i] = np.asarray(r.sample_indices, dtype=np.int64)
+        if len(self.interval_step_s) > INTERVAL_STEPS:
+            self._fold_interval_steps()
+
+    def _fold_interval_steps(self) -> None:
+        """Fold the oldest half of the interval's per-step times into its running count and sum."""
+        oldest = sorted(self.interval_step_s)[:len(self.interval_step_s) // 2]
+        steps, seconds, _ = self.interval_folded
+        self.interval_folded = (steps + len(oldest), seconds + sum(self.interval_step_s.pop(s) for s in oldest),
+                                oldest[-1])
 
     # -- derive -----------------------------------------------------------------------------------
     def current_terms(self) -> np.ndarray:
@@ -348,8 +370,9 @@ class GradientPriorityDeriver(Deriver):
     def _close_interval(self) -> None:
         """Credit the finished interval's loss decrease per second to the arm in force; update progress."""
         total, count = self.interval_loss
-        steps, seconds = len(self.interval_step_s), float(sum(self.interval_step_s.values()))
-        self.interval_loss, self.interval_step_s = [0.0, 0], {}
+        folded_steps, folded_s, _ = self.interval_folded
+        steps, seconds = len(self.interval_step_s) + folded_steps, float(sum(self.interval_step_s.values())) + folded_s
+        self.interval_loss, self.interval_step_s, self.interval_folded = [0.0, 0], {}, (0, 0.0, -1)
         self.last_reward = math.nan
         if count == 0 or steps == 0:
             return
@@ -440,6 +463,7 @@ class GradientPriorityDeriver(Deriver):
                 "monitor": {"checks": self.monitor.checks, "collapsed_flat": self.monitor.collapsed_flat,
                             "collapsed_peaked": self.monitor.collapsed_peaked},
                 "interval_loss": list(self.interval_loss), "interval_step_s": sorted(self.interval_step_s.items()),
+                "interval_folded": list(self.interval_folded),
                 "previous": list(self.previous) if self.previous is not None else None,
                 "progress": self.progress, "best_progress": self.best_progress, "last_reward": self.last_reward,
                 "ratio_sums": list(self.ratio_sums), "terms": self.terms.tolist(), "decision": self.current.to_dict(),
@@ -462,6 +486,10 @@ class GradientPriorityDeriver(Deriver):
         self.monitor.collapsed_peaked = int(m["collapsed_peaked"])
         self.interval_loss = [float(state["interval_loss"][0]), int(state["interval_loss"][1])]
         self.interval_step_s = {int(s): float(t) for s, t in state["interval_step_s"]}
+        folded = state.get("interval_folded", (0, 0.0, -1))  # absent in states written before it was bounded
+        self.interval_folded = (int(folded[0]), float(folded[1]), int(folded[2]))
+        if len(self.interval_step_s) > INTERVAL_STEPS:
+            self._fold_interval_steps()
         prev = state["previous"]
         self.previous = (float(prev[0]), int(prev[1]), float(prev[2])) if prev is not None else None
         self.progress, self.best_progress = float(state["progress"]), float(state["best_progress"])

@@ -382,3 +382,43 @@ def test_through_the_scheduler_a_report_the_priority_fn_cannot_score_is_refused_
     assert scheduler.reports_rejected == 2 and scheduler.rejected_by_kind == {"priority_fn": 2}
     assert scheduler.derivers["node"].state_dict() == before  # the node deriver never saw them
     assert "returned -1.0" in scheduler.rejections[-1]
+
+
+# -- issue 22: bounded state, all of a batch or none of it ---------------------------------------------
+def test_300000_reports_with_distinct_steps_and_no_boundary_keep_the_state_bounded():
+    """interval_step_s kept one entry per distinct step until a boundary: 300,000 reports grew memory by
+    21 MB and the saved state from 2.0 to 6.5 MB. The interval still counts every step and second."""
+    from pdml_ray.priority.gradient import INTERVAL_STEPS
+
+    run = Run(_config())
+    deriver = run.deriver
+    for first in range(0, 300_000, 1000):
+        run.s.report([WorkerReport(worker_id=step % N, step=step, samples=25, compute_s=0.1, loss=1.0, grad_norm=1.0)
+                      for step in range(first, first + 1000)])
+        assert len(deriver.interval_step_s) <= INTERVAL_STEPS
+    state = deriver.state_dict()
+    assert len(state["interval_step_s"]) <= INTERVAL_STEPS and run.s.reports_received == 300_000
+    restored = Run(_config()).deriver
+    restored.load_state_dict(state)
+    deriver._close_interval()
+    assert deriver.previous == (1.0, 300_000, pytest.approx(300_000 * 0.1))  # (mean loss, steps, seconds)
+    restored._close_interval()
+    assert restored.previous == deriver.previous
+
+
+def test_a_priority_fn_that_refuses_part_of_a_batch_in_ingest_leaves_the_deriver_untouched():
+    """The scheduler asked priority_fn first (report_rejection); a function that answers differently the
+    second time must not leave the batch half-taken."""
+    run = Run(_config())
+    deriver = run.deriver
+    calls = []
+
+    def fickle(report):
+        calls.append(report.worker_id)
+        return -1.0 if len(calls) == 3 else 2.0
+
+    deriver.priority_fn = fickle
+    before = deriver.state_dict()
+    with pytest.raises(ReportError, match="returned -1.0"):
+        deriver.ingest(_reports(0, [1.0] * N, [1.0] * N))
+    assert repr(deriver.state_dict()) == repr(before)  # repr: NaN fields compare equal

@@ -1,5 +1,7 @@
 """The scheduler core without Ray: reports in, stamped decisions and bundles out, one per deriver."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -237,3 +239,127 @@ def test_the_report_log_extends_in_blocks_and_wraps_as_row_by_row():
     small.extend(rows[:2])
     small.extend(rows[2:5])  # wraps around the end of the buffer
     assert small.rows()[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+# -- issue 22: all-or-nothing loads, restored decisions checked, deriver errors contained --------------
+def _trained(sample=True, steps=6, rates=(100.0, 200.0)):
+    s = Scheduler(_config(sample=sample), 2)
+    if sample:
+        s.set_dataset_size(100)
+    for step in range(steps):
+        s.report(_reports(step, rates))
+    s.bundle(_b(steps), {})
+    return s
+
+
+def test_a_state_that_fails_part_way_changes_nothing():
+    """The node state and the data-set size loaded before the sample table failed: half a state."""
+    state = _trained().state_dict()
+    state["derivers"]["sample"]["table"]["scores"] = np.zeros(3)  # the last deriver's part is broken
+    target = Scheduler(_config(sample=True), 2)
+    for step in range(3):
+        target.report(_reports(step, (300.0, 100.0)))
+    before = (target.derivers["node"].state_dict(), target.reports_received, dict(target.versions))
+    with pytest.raises(StateError, match="shapes"):
+        target.load_state_dict(state)
+    assert target.num_samples is None and target.derivers["sample"].table is None
+    assert (target.derivers["node"].state_dict(), target.reports_received, dict(target.versions)) == before
+
+
+def _tampered(decision, sizes):
+    total = sum(sizes)
+    return dataclasses.replace(decision, batch_sizes=tuple(sizes), grad_weights=tuple(b / total for b in sizes),
+                               shares=tuple(b / total for b in sizes))
+
+
+@pytest.mark.parametrize("where", ["current", "history"])
+@pytest.mark.parametrize("sizes", [(1000, -900), (40, 30, 30), (60, 50)])
+def test_a_restored_decision_is_checked_like_a_new_one(where, sizes):
+    """The issue's tampered decision [1000, -936] was adopted unchecked; so would one for 3 workers or
+    one summing to another global batch."""
+    s = _trained(sample=False)
+    state = s.state_dict()
+    good = state["current"]["node"]
+    if where == "current":
+        state["current"]["node"] = _tampered(good, sizes)
+    else:
+        state["history"]["node"][0] = _tampered(good, sizes)
+    target = Scheduler(_config(), 2)
+    before = (target.decision(), target.derivers["node"].state_dict(), dict(target.versions))
+    with pytest.raises(StateError, match="node decision is not one this run could publish"):
+        target.load_state_dict(state)
+    assert (target.decision(), target.derivers["node"].state_dict(), dict(target.versions)) == before
+    target.load_state_dict(s.state_dict())  # the untampered state loads
+    assert target.decision() == s.decision()
+
+
+def test_a_deriver_that_raises_anything_keeps_its_decision_and_is_counted_logged_and_shown(caplog):
+    from pdml_ray.cli.status import render
+
+    s = _trained()
+    node_decision = s.decision()
+
+    def broken_decide(boundary, earlier):
+        raise ZeroDivisionError("float division by zero")  # not a PDMLError: the bug the issue found
+
+    def broken_ingest(reports):
+        raise IndexError("list index out of range")
+
+    s.derivers["node"].decide = broken_decide  # type: ignore[method-assign]
+    s.derivers["sample"].ingest = broken_ingest  # type: ignore[method-assign]
+    for k in range(3):
+        bundle = s.bundle(_b(10 + 5 * k), {"node": node_decision.version})
+        assert bundle.get("node") is None and isinstance(bundle.get("sample"), SampleDecision)
+    received = s.reports_received
+    s.report(_reports(30, (100.0, 200.0)))
+    assert s.reports_received == received + 2 and s.derivers["node"].fit.stats["w"][0] > 0
+    assert s.decision() is node_decision and s.deriver_errors == {"node": 3, "sample": 1}
+    assert s.decide_errors == 3
+    assert sum("ZeroDivisionError" in r.message for r in caplog.records) == 1  # the first of its axis only
+    stats = s.stats()
+    gauges = {(g.name, g.tags): g.value for g in stats.gauges()}
+    assert gauges[("pdml_scheduler_deriver_errors_total", (("axis", "node"),))] == 3
+    text = render({"pdml-run": stats}, as_json=False)
+    assert "deriver errors (each axis kept its decision): node 3, sample 1; latest: sample ingest: IndexError" in text
+    restored = Scheduler(_config(sample=True), 2)
+    restored.load_state_dict(s.state_dict())
+    assert restored.deriver_errors == {"node": 3, "sample": 1}
+
+
+def test_a_decision_that_fails_its_axis_check_is_not_published():
+    s = _trained(sample=False)
+    current = s.decision()
+    s.derivers["node"].decide = lambda boundary, earlier: _tampered(current, (150, -50))  # type: ignore[method-assign]
+    assert s.bundle(_b(20), {"node": current.version}).get("node") is None
+    assert s.decision() is current and s.deriver_errors == {"node": 1}
+    assert "node decide at step 20: PlanError" in s.deriver_error_reasons[-1]
+
+
+def test_a_deriver_whose_stats_raise_does_not_hide_the_others():
+    s = _trained()
+    s.derivers["sample"].stats = lambda: 1 / 0  # type: ignore[method-assign]
+    stats = s.stats()
+    assert list(stats.derivers) == ["node"] and stats.deriver_errors == {"sample": 1}
+
+
+@pytest.mark.parametrize("boundary, since", [
+    (Boundary("5", 5, (50, 50)), {}), (Boundary(5, 0, (50, 50)), {}), (Boundary(5, 5, (50,)), {}),
+    (Boundary(5, 5, None), {}), (Boundary(10**400, 5, (50, 50)), {}), (None, {}),  # type: ignore[arg-type]
+    (Boundary(5, 5, (50, 50)), None), (Boundary(5, 5, (50, 50)), {"node": "3"}), (Boundary(5, 5, (50, 50)), {"node": 2**70}),
+])
+def test_a_malformed_bundle_request_is_refused_with_a_report_error(boundary, since):
+    s = _trained(sample=False)
+    before = dict(s.versions)
+    with pytest.raises(ReportError, match="bundle: "):
+        s.bundle(boundary, since)
+    assert s.versions == before and s.deriver_errors == {}
+
+
+def test_measurement_names_are_bounded():
+    s = Scheduler(_config(), 2)
+    for k in range(1000):
+        s.record_measurement(f"m{k}", 1.0)
+    s.record_measurement("m0", 2.0)  # an existing name is updated
+    with pytest.raises(ReportError, match="1000 measurement names"):
+        s.record_measurement("one_more", 1.0)
+    assert len(s.measurements) == 1000 and s.measurements["m0"] == 2.0
