@@ -5,7 +5,7 @@ derivers on (a random config, worker count and data set size) through a random m
 report batches (``WorkerReport`` lists and packed rows, valid or adversarial: extreme, NaN, infinite,
 negative and huge values, wrong types, out-of-range ids and sample indices, distinct steps, one
 diverged 1e18 loss), ``bundle()`` calls (sound boundaries and garbage ones), and ``state_dict()`` ->
-pickle -> ``load_state_dict()`` round trips into a fresh scheduler that the sequence then continues on.
+``state_format`` blob -> ``load_state_dict()`` round trips into a fresh scheduler that the sequence then continues on.
 
 A crash is any of: an exception out of ``report``/``bundle``/``load_state_dict`` other than a
 ``PDMLError`` with a message of one or two lines; a published decision that fails its ``validate``
@@ -18,7 +18,6 @@ does not reload. Deterministic: sequence i is seeded with ``SEED + i``. ``pytest
 from __future__ import annotations
 
 import math
-import pickle
 from collections import Counter
 
 import numpy as np
@@ -29,6 +28,7 @@ from pdml_ray.config import (ContinuityConfig, GradientPriorityConfig, NodePrior
 from pdml_ray.decisions import Boundary, GradientDecision, NodeDecision, SampleDecision, WorkerReport
 from pdml_ray.errors import PDMLError
 from pdml_ray.scheduler import Scheduler
+from pdml_ray.state_format import dumps, loads
 
 SEED = 20261222
 SEQUENCES = 3000
@@ -204,7 +204,7 @@ class Fuzz:
                 state = self.call("state_dict", self.s.state_dict)
                 fresh = Scheduler(self.config, self.n, max_log_rows=256)
                 try:
-                    fresh.load_state_dict(pickle.loads(pickle.dumps(state)))
+                    fresh.load_state_dict(loads(dumps(state), "the fuzzed scheduler state"))
                 except Exception as e:  # noqa: BLE001 - a state the scheduler wrote must load back
                     self.crash(f"state does not reload: {type(e).__name__}: {str(e)[:120]}")
                 else:
