@@ -434,9 +434,10 @@ def _request_problem(boundary: object, since: object, num_workers: int) -> str |
     if not (isinstance(boundary, Boundary) and integer(boundary.first_step, 0) and integer(boundary.num_steps, 1)):
         return (f"the boundary must be a Boundary with integer first_step >= 0 and num_steps >= 1, got "
                 f"{boundary!r:.120}")
-    sizes = boundary.batch_sizes
-    if not (isinstance(sizes, (list, tuple)) and len(sizes) == num_workers and all(integer(b, 0) for b in sizes)):
-        return f"the boundary's batch_sizes must be {num_workers} integers >= 0 (one per worker), got {sizes!r:.120}"
+    sizes = boundary.batch_sizes  # per worker on the Ray Train path; a runtime without node sizes sends ()
+    if not (isinstance(sizes, (list, tuple)) and len(sizes) <= max(num_workers, 1) and all(integer(b, 0) for b in sizes)):
+        return (f"the boundary's batch_sizes must be at most {max(num_workers, 1)} integers >= 0 (one per worker), "
+                f"got {sizes!r:.120}")
     if not (isinstance(since, Mapping) and all(isinstance(k, str) and integer(v, -1) for k, v in since.items())):
         return f"since must map axis names to the decision versions the workers run on (integers >= -1), got {since!r:.120}"
     return None

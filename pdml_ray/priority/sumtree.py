@@ -41,8 +41,17 @@ class SumTree:
             sizes.append(-(-(sizes[-1] // FANOUT) // FANOUT) * FANOUT)
         self.levels = [np.zeros(1, dtype=np.float64)] + [np.zeros(n, dtype=np.float64) for n in reversed(sizes)]
         # (rows, K) views: row j holds the K children of node j of level d
-        self._children = [lvl.reshape(-1, FANOUT) for lvl in self.levels[1:]]
+        self._children = self._child_views()
         self.set_all(initial)
+
+    def _child_views(self) -> list[np.ndarray]:
+        return [lvl.reshape(-1, FANOUT) for lvl in self.levels[1:]]
+
+    def __setstate__(self, state: dict) -> None:
+        """A copy (``copy.deepcopy``, pickle) gets views of its own levels: the copied views would be
+        arrays of their own, and the sums written through them would never reach the copy's levels."""
+        self.__dict__.update(state)
+        self._children = self._child_views()
 
     # ---------------------------------------------------------------- bulk
     @property

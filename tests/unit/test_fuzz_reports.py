@@ -11,8 +11,9 @@ A crash is any of: an exception out of ``report``/``bundle``/``load_state_dict``
 ``PDMLError`` with a message of one or two lines; a published decision that fails its ``validate``
 (node sizes summing to the global batch within min/max, one per worker; sample plans sized by the node
 decision in force, indices in the data set; gradient priorities one per worker); a negative or
-non-finite score in the sample table, or a table sum that is not the sum of its scores; a state that
-does not reload. Deterministic: sequence i is seeded with ``SEED + i``. ``pytest -s`` prints the counts.
+non-finite score in the sample table, or a table sum (of scores, of the tree's leaves) that is not the
+sum of its items; a state that does not reload. Deterministic: sequence i is seeded with ``SEED + i``.
+``pytest -s`` prints the counts.
 """
 
 from __future__ import annotations
@@ -175,6 +176,8 @@ class Fuzz:
             self.crash("negative or non-finite scores in the sample table")
         elif not math.isclose(table.seen_sum, math.fsum(scores), rel_tol=1e-6, abs_tol=1e-9):
             self.crash(f"table sum {table.seen_sum!r} vs its scores' {math.fsum(scores)!r}")
+        elif not math.isclose(table.tree.total, math.fsum(table.tree.values()), rel_tol=1e-9, abs_tol=1e-300):
+            self.crash(f"tree total {table.tree.total!r} vs its leaves' {math.fsum(table.tree.values())!r}")
 
     # -- a sequence ---------------------------------------------------------------------------------
     def run(self, operations: int) -> None:

@@ -343,7 +343,8 @@ def test_a_deriver_whose_stats_raise_does_not_hide_the_others():
 
 
 @pytest.mark.parametrize("boundary, since", [
-    (Boundary("5", 5, (50, 50)), {}), (Boundary(5, 0, (50, 50)), {}), (Boundary(5, 5, (50,)), {}),
+    (Boundary("5", 5, (50, 50)), {}), (Boundary(5, 0, (50, 50)), {}), (Boundary(5, 5, (50, 50, 50)), {}),
+    (Boundary(5, 5, (50, -1)), {}),
     (Boundary(5, 5, None), {}), (Boundary(10**400, 5, (50, 50)), {}), (None, {}),  # type: ignore[arg-type]
     (Boundary(5, 5, (50, 50)), None), (Boundary(5, 5, (50, 50)), {"node": "3"}), (Boundary(5, 5, (50, 50)), {"node": 2**70}),
 ])

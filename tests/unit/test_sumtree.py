@@ -112,3 +112,17 @@ def test_property_internal_sums_match_leaves(n, ops):
     if reference.sum() > 0:
         draws = tree.draw(200, np.random.default_rng(0))
         assert np.all(reference[draws] > 0)
+
+
+def test_a_copied_tree_keeps_its_sums_consistent():
+    """Scheduler.load_state_dict loads into deep copies of the derivers: a copied tree's row views were
+    arrays of their own, so its rebuilt sums never reached its levels (total 0 over non-zero leaves)."""
+    import copy
+    import pickle
+
+    tree = SumTree(1000, 1.0)
+    for clone in (copy.deepcopy(tree), pickle.loads(pickle.dumps(tree))):
+        clone.set_all(np.arange(1000.0))
+        clone.update(np.array([3, 999]), np.array([10.0, 0.0]))
+        assert clone.total == pytest.approx(float(clone.values().sum())) and clone.total == pytest.approx(498_508.0)
+        assert tree.total == 1000.0
