@@ -23,17 +23,36 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, Protocol
 
+from pdml_ray.client import SchedulerClient
+from pdml_ray.decisions import NodeDecision, WorkerReport
 from pdml_ray.errors import PDMLError
-
-if TYPE_CHECKING:
-    from pdml_ray.train.context import PDMLContext
+from pdml_ray.train.step import NonFiniteCounts
 
 log = logging.getLogger(__name__)
 
 
-def pdml_metrics(ctx: PDMLContext) -> dict[str, float]:
+class MetricsSource(Protocol):
+    """What these figures read of a worker's context (``PDMLContext`` is the one implementation)."""
+
+    rank: int
+    decision: NodeDecision
+    versions: dict[str, int]
+    global_step: int
+    overhead_s: float
+    stale_bundles: int
+    nonfinite: NonFiniteCounts
+    client: SchedulerClient | None
+    _last_report: WorkerReport | None
+
+    @property
+    def _untimed(self) -> Mapping[int, Any]:
+        """Finished steps whose compute time is not known yet, by step (each with ``batch``, ``wait_s``, ``step_s``)."""
+
+
+def pdml_metrics(ctx: MetricsSource) -> dict[str, float]:
     """The figures of the module docstring for worker ``ctx.rank`` now."""
     rank, d = ctx.rank, ctx.decision
     out: dict[str, float] = {

@@ -38,7 +38,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -47,10 +47,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from pdml_ray.emulation import emulate_speed, sleep_compute
 from pdml_ray.errors import NonFiniteError, UsageError
-from pdml_ray.train.wrappers import nonfinite_flags
-
-if TYPE_CHECKING:
-    from pdml_ray.train.context import PDMLContext
+from pdml_ray.config import PDMLConfig
+from pdml_ray.train.timing import StepTimer
+from pdml_ray.train.wrappers import GradientCombiner, nonfinite_flags
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +161,35 @@ def _install_optimizer_guard() -> None:
         _optimizer_guard_installed = True
 
 
+class StepHost(Protocol):
+    """What a step block needs of its worker's context (``PDMLContext`` is the one implementation): the run's
+    config and rank, what ``prepare_model`` set up (the combiner, the trained parameters), the compute timer,
+    and where a finished step goes. The underscored members are the context's scope-facing internals."""
+
+    config: PDMLConfig
+    rank: int
+    world_size: int
+    device: torch.device
+    speed: float
+    accelerator_type: str
+    nonfinite: "NonFiniteCounts"
+    overhead_s: float
+    _combiner: GradientCombiner | None
+    _params: list[torch.nn.Parameter]
+    _timer: StepTimer
+    _step_overhead: float
+    _open_scope: "StepScope | None"
+
+    def _finish_step(self, batch: StepBatch, wait_s: float, per_sample: torch.Tensor | None, launch_s: float,
+                     sleep_s: float) -> None: ...
+
+    def _report_timed(self, step: int, span_s: float) -> None: ...
+
+
 class StepScope:
     """Times one step's compute, applies importance weights, combines gradients on exit."""
 
-    def __init__(self, ctx: "PDMLContext", batch: StepBatch):
+    def __init__(self, ctx: StepHost, batch: StepBatch):
         self.ctx = ctx
         self.batch = batch
         self._per_sample: torch.Tensor | None = None

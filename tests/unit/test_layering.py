@@ -1,9 +1,9 @@
 """The layers hold: the core imports without Ray, nothing imports upward, no import cycles.
 
-Layers, top to bottom (ARCHITECTURE in the README): entry points (cli, bench) -> train, runtime ->
-actors -> metrics -> the core (everything else in ``pdml_ray``, which never imports ray). Imports are
-read from the source (module level and inside functions; ``if TYPE_CHECKING:`` blocks excepted),
-so a lazy upward import is caught too.
+Layers, top to bottom (docs/layout.md): entry points (cli, bench) -> train, runtime -> actors -> metrics
+-> the core (everything else in ``pdml_ray``, which never imports ray). Imports are read from the
+source (module level, inside functions and inside ``if TYPE_CHECKING:`` blocks), so a lazy upward
+import is caught too, and a type-only import counts towards a cycle like any other.
 """
 
 from __future__ import annotations
@@ -40,21 +40,11 @@ def _rank(module: str) -> int:
     return LAYERS.get(parts[1], CORE_RANK) if len(parts) > 1 else CORE_RANK
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(module: str) -> set[str]:
     """Project modules ``module`` imports (``from a.b import c`` counts as a.b.c when that is a module)."""
     tree = ast.parse(MODULES[module].read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node)
-            for child in node.body for n in ast.walk(child)}
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
