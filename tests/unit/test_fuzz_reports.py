@@ -35,7 +35,7 @@ SEED = 20261222
 SEQUENCES = 3000
 
 NASTY_NUMBERS = [math.nan, math.inf, -math.inf, -1.0, 0.0, -0.0, 5e-324, 1e-300, 1e-7, 1e9, 1e18, 1e300, 1.7e308,
-                 10**30, -(10**30), 2**63, -1, 0, True, None, "1", b"x", [1.0], (), {}, np.float32(np.nan),
+                 10**30, -(10**30), 2**63, 10**5000, -1, 0, True, None, "1", b"x", [1.0], (), {}, np.float32(np.nan),
                  np.int64(3), np.float64(2.5), complex(1, 1)]
 
 

@@ -359,3 +359,18 @@ def test_the_table_sums_equal_the_sums_of_its_leaves_after_1e5_random_updates():
     assert sp.tree.total == pytest.approx(math.fsum(leaves), rel=1e-12)
     assert sp.seen_sum == pytest.approx(math.fsum(sp.scores[sp.seen]), rel=1e-9)
     assert sp.scores.min() >= 0.0 and np.all(np.isfinite(sp.scores))
+
+
+@pytest.mark.parametrize("field", ["worker_id", "step", "samples", "compute_s", "loss"])
+def test_an_integer_too_long_to_print_is_refused_not_raised(field):
+    """Python refuses to print an int of more than 4,300 digits: the refusal's own message raised ValueError."""
+    from pdml_ray.client import PackedReports
+
+    s = Scheduler(_config(), 2)
+    fields = dict(worker_id=0, step=1, samples=50, compute_s=0.5)
+    fields[field] = 10**5000
+    s.report([WorkerReport(**fields), _report(1, 1)])
+    s.report(PackedReports([(10**5000,) * 3, (0, 2, 50, 0.5, 0.0, 1.0, 0.0, 1.0, 1.0, "CPU", None, None)]))
+    assert s.reports_rejected == 2 and s.reports_received == 1
+    with pytest.raises(ReportError, match="boundary"):
+        s.bundle(Boundary(10**5000, 5, (50, 50)), {})
