@@ -13,7 +13,7 @@ What it owns, and no deriver does:
   step as ``effective_step``. A decision whose bundle reached the workers after its step (they
   never adopted it) is re-issued, with a new version, for the next boundary; so every decision a
   worker runs is in this history with the same version and effective step;
-- containment: any exception a deriver raises in ``ingest``, ``decide`` or ``stats``, and any decision it
+- containment: any exception a deriver raises in ``ingest``, ``observe``, ``decide`` or ``stats``, and any decision it
   makes that fails ``state_format.check_decision``, is caught here: that axis keeps its decision, the others
   go on, and the error is counted per axis, logged (the first, then every 1000th) and shown in
   ``stats()`` (``deriver_errors``), its gauges and ``pdml-ray status``. A deriver that raises in
@@ -156,13 +156,19 @@ class Scheduler:
         malformed observation is refused and counted like a malformed report (False), never half-used."""
         deriver = self._axis(axis)
         t0 = time.perf_counter()
-        rejection = deriver.observation_rejection(rows)
-        if rejection is None and not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step):
-            rejection = Rejection("step", f"observe: step must be an integer >= 0, got {_shown(step, 40)}")
+        try:
+            rejection = deriver.observation_rejection(rows)
+        except Exception as e:  # noqa: BLE001 - an observation no check can read is refused
+            rejection = Rejection("axis", f"observe: the {axis} observation cannot be checked ({type(e).__name__})")
+        if rejection is None and not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP):
+            rejection = Rejection("step", f"observe: step must be an integer in [0, 2^62], got {_shown(step, 40)}")
         if rejection is not None:
             self._reject(rejection)
             return False
-        deriver.observe(step, rows)
+        try:
+            deriver.observe(step, rows)
+        except Exception as e:  # noqa: BLE001 - contained per axis, like ingest
+            self._deriver_failed(axis, "observe", e)
         self.last_step = max(self.last_step, step)
         self.ingest_s += time.perf_counter() - t0
         return True

@@ -364,3 +364,18 @@ def test_measurement_names_are_bounded():
     with pytest.raises(ReportError, match="1000 measurement names"):
         s.record_measurement("one_more", 1.0)
     assert len(s.measurements) == 1000 and s.measurements["m0"] == 2.0
+
+
+def test_an_axis_whose_observe_raises_is_counted_and_the_run_goes_on():
+    from pdml_ray.config import PipelineConfig
+
+    s = Scheduler(PDMLConfig(pipeline=PipelineConfig(schedule="1f1b")), 4)
+    s.set_shape("pipeline", {"stages": 2, "replicas": 2, "microbatches": 4})
+
+    def broken(step, rows):
+        raise KeyError("stage")
+
+    s.derivers["pipeline"].observe = broken  # type: ignore[method-assign]
+    assert s.observe("pipeline", 0, [(0, 0, "F", 0, 0.01)]) is True
+    assert s.deriver_errors == {"pipeline": 1} and "pipeline observe: KeyError" in s.deriver_error_reasons[-1]
+    assert s.bundle(Boundary(1, 1, ()), {}).get("pipeline") is not None
