@@ -270,7 +270,9 @@ class Scheduler:
         its newest if newer than the version ``since[name]`` the workers run on.
 
         Derivers decide here, once per interval, on everything reported so far (deciding on every
-        report batch published a version per worker flush, each on partly updated estimates).
+        report batch published a version per worker flush, each on partly updated estimates). A
+        malformed request is refused with ReportError; a deriver's failure never is (its axis keeps its
+        decision and the failure is counted).
         """
         t0 = time.perf_counter()
         problem = _request_problem(boundary, since, self.num_workers)
