@@ -13,10 +13,8 @@ Everything that uses this must say so in its output: the speeds are emulated, th
 
 from __future__ import annotations
 
-import math
 import time
 
-from pdml_ray.errors import ConfigError
 
 EMULATION_NOTE = (
     "speeds are EMULATED: a worker with speed s sleeps (1/s - 1) x its measured compute time "
@@ -26,9 +24,9 @@ EMULATION_NOTE = (
 
 def check_speed(speed: object, where: str = "emulated speed") -> float:
     """The one check of a speed factor: a number in (0, 1], the fastest worker being 1.0."""
-    ok = isinstance(speed, (int, float)) and not isinstance(speed, bool) and math.isfinite(speed) and 0.0 < speed <= 1.0
-    if not ok:
-        raise ConfigError(f"{where} must be in (0, 1] (the fastest worker is 1.0, one at half its speed 0.5), got {speed!r}")
+    from pdml_ray.config.checks import check_range  # at call time: pdml_ray.config.node imports this module
+
+    check_range(speed, where, 0.0, 1.0, open_low=True, hint="the fastest worker is 1.0, one at half its speed 0.5")
     return float(speed)  # type: ignore[arg-type]
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from pdml_ray.config.checks import finite, integer, require
+from pdml_ray.config.checks import MAX_ITEMS, MAX_STEPS, check_range
 
 @dataclass(kw_only=True, slots=True)
 class ContinuityConfig:
@@ -49,28 +50,20 @@ class ContinuityConfig:
     space: p <- p^(1-f) * prior^f, which compresses a peak by the power (1-f)."""
 
     def __post_init__(self) -> None:
-        require(integer(self.check_interval, 1),
-                 f"continuity.check_interval must be an integer >= 1, got {self.check_interval!r}")
-        require(integer(self.running_sums_from, 0),
-                 f"continuity.running_sums_from must be an integer >= 0 (a number of items; 0 = always), "
-                 f"got {self.running_sums_from!r}")
-        require(finite(self.min_normalized_ess) and 0.0 <= self.min_normalized_ess < self.max_normalized_ess <= 1.0,
-                 "continuity.min_normalized_ess must be >= 0 and below max_normalized_ess <= 1, got "
-                 f"{self.min_normalized_ess!r} and {self.max_normalized_ess!r}")
-        require(isinstance(self.min_effective_items, (int, float)) and self.min_effective_items >= 0.0,
-                 f"continuity.min_effective_items must be >= 0 (a number of items), got {self.min_effective_items!r}")
-        require(finite(self.max_tie_fraction) and 0.5 < self.max_tie_fraction <= 1.0,
-                 f"continuity.max_tie_fraction must be in (0.5, 1] (ties are counted around the median), "
-                 f"got {self.max_tie_fraction!r}")
-        require(finite(self.tie_tolerance) and 0.0 <= self.tie_tolerance < 1.0,
-                 f"continuity.tie_tolerance must be in [0, 1) (relative, e.g. 1e-3), got {self.tie_tolerance!r}")
-        require(integer(self.max_check_items, 16),
-                 f"continuity.max_check_items must be an integer >= 16, got {self.max_check_items!r}")
-        require(finite(self.reset_fraction) and 0.0 <= self.reset_fraction <= 1.0,
-                 f"continuity.reset_fraction must be in [0, 1] (0 = keep priorities), got {self.reset_fraction!r}")
-        require(integer(self.recalibration_steps, 1),
-                 f"continuity.recalibration_steps must be an integer >= 1, got {self.recalibration_steps!r}")
-        require(finite(self.recalibration_mix) and 0.0 < self.recalibration_mix <= 1.0,
-                 f"continuity.recalibration_mix must be in (0, 1], got {self.recalibration_mix!r}")
-        require(finite(self.noise) and 0.0 <= self.noise <= 1.0,
-                 f"continuity.noise must be in [0, 1], got {self.noise!r}")
+        check_range(self.check_interval, "continuity.check_interval", 1, MAX_STEPS, whole=True, hint="steps")
+        check_range(self.running_sums_from, "continuity.running_sums_from", 0, MAX_ITEMS, whole=True,
+                    hint="a number of items; 0 = always")
+        check_range(self.max_normalized_ess, "continuity.max_normalized_ess", 0.0, 1.0, open_low=True)
+        check_range(self.min_normalized_ess, "continuity.min_normalized_ess", 0.0, self.max_normalized_ess,
+                    open_high=True, hint="below max_normalized_ess")
+        if not (isinstance(self.min_effective_items, float) and self.min_effective_items == math.inf):  # inf: by ESS alone
+            check_range(self.min_effective_items, "continuity.min_effective_items", 0.0, float(MAX_ITEMS),
+                        hint="a number of items, or inf")
+        check_range(self.max_tie_fraction, "continuity.max_tie_fraction", 0.5, 1.0, open_low=True,
+                    hint="ties are counted around the median")
+        check_range(self.tie_tolerance, "continuity.tie_tolerance", 0.0, 1.0, open_high=True, hint="relative, e.g. 1e-3")
+        check_range(self.max_check_items, "continuity.max_check_items", 16, MAX_ITEMS, whole=True)
+        check_range(self.reset_fraction, "continuity.reset_fraction", 0.0, 1.0, hint="0 = keep priorities")
+        check_range(self.recalibration_steps, "continuity.recalibration_steps", 1, MAX_STEPS, whole=True, hint="steps")
+        check_range(self.recalibration_mix, "continuity.recalibration_mix", 0.0, 1.0, open_low=True)
+        check_range(self.noise, "continuity.noise", 0.0, 1.0)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdml_ray.config.checks import finite, integer, require
+from pdml_ray.config.checks import MAX_REAL, MAX_STEPS, check_range, require
 from pdml_ray.emulation import check_speed
+from pdml_ray.errors import shown
 
 # Relative training throughput by accelerator type, used as the prior before any measurement.
 # Rough dense-BF16 ratios (H100 SXM = 1.0); only the ratios matter, and measurements replace them
@@ -79,49 +80,38 @@ class NodePriorityConfig:
     that keeps producing NaN is broken (bad data shard, bad device, diverged model), not unlucky."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.enabled, bool), f"node_priority.enabled must be true or false, got {self.enabled!r}")
-        require(self.global_batch_size is None or integer(self.global_batch_size, 1, MAX_GLOBAL_BATCH),
-                f"node_priority.global_batch_size must be a positive integer of at most {MAX_GLOBAL_BATCH} "
-                f"(samples per optimizer step over all workers, e.g. 1024), got {self.global_batch_size!r}")
+        require(isinstance(self.enabled, bool), f"node_priority.enabled must be true or false, got {shown(self.enabled)}")
+        check_range(self.global_batch_size, "node_priority.global_batch_size", 1, MAX_GLOBAL_BATCH, whole=True,
+                    none_ok=True, hint="samples per optimizer step over all workers, e.g. 1024")
         require(isinstance(self.check_nonfinite, bool),
-                f"node_priority.check_nonfinite must be true or false, got {self.check_nonfinite!r}")
-        require(integer(self.max_consecutive_nonfinite, 1, 1_000_000),
-                "node_priority.max_consecutive_nonfinite must be an integer >= 1 (steps in a row one worker may "
-                f"be excluded for a NaN or infinite loss before the run stops, e.g. 3), got "
-                f"{self.max_consecutive_nonfinite!r}")
-        require(finite(self.ema_alpha) and 0.0 < self.ema_alpha <= 1.0,
-                 f"node_priority.ema_alpha must be in (0, 1] (e.g. 0.5), got {self.ema_alpha!r}")
-        require(integer(self.decision_interval, 1),
-                 f"node_priority.decision_interval must be an integer >= 1 step, got {self.decision_interval!r}")
-        require(integer(self.warmup_steps, 0),
-                 f"node_priority.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        require(integer(self.min_batch, 0),
-                 f"node_priority.min_batch must be an integer >= 0, got {self.min_batch!r}")
-        if self.max_batch is not None:
-            require(integer(self.max_batch, max(1, self.min_batch)),
-                     f"node_priority.max_batch must be an integer >= min_batch ({self.min_batch}) or None, "
-                     f"got {self.max_batch!r}")
-        require(finite(self.hysteresis) and 0.0 <= self.hysteresis < 1.0,
-                 f"node_priority.hysteresis must be in [0, 1) (a fraction of step time), got {self.hysteresis!r}")
-        require(finite(self.decision_confidence) and 0.0 <= self.decision_confidence <= 10.0,
-                 f"node_priority.decision_confidence must be a number of standard errors in [0, 10] "
-                 f"(e.g. 2.0; 0 turns the noise gate off), got {self.decision_confidence!r}")
+                f"node_priority.check_nonfinite must be true or false, got {shown(self.check_nonfinite)}")
+        check_range(self.max_consecutive_nonfinite, "node_priority.max_consecutive_nonfinite", 1, 1_000_000,
+                    whole=True, hint="steps in a row one worker may be excluded for a NaN or infinite loss before "
+                                     "the run stops, e.g. 3")
+        check_range(self.ema_alpha, "node_priority.ema_alpha", 0.0, 1.0, open_low=True, hint="e.g. 0.5")
+        check_range(self.decision_interval, "node_priority.decision_interval", 1, MAX_STEPS, whole=True, hint="steps")
+        check_range(self.warmup_steps, "node_priority.warmup_steps", 0, MAX_STEPS, whole=True, hint="steps")
+        check_range(self.min_batch, "node_priority.min_batch", 0, MAX_GLOBAL_BATCH, whole=True, hint="samples")
+        check_range(self.max_batch, "node_priority.max_batch", max(1, self.min_batch), MAX_GLOBAL_BATCH, whole=True,
+                    none_ok=True, hint="samples per worker, at least min_batch; None: no cap")
+        check_range(self.hysteresis, "node_priority.hysteresis", 0.0, 1.0, open_high=True,
+                    hint="a fraction of step time")
+        check_range(self.decision_confidence, "node_priority.decision_confidence", 0.0, 10.0,
+                    hint="standard errors, e.g. 2.0; 0 turns the noise gate off")
         require(isinstance(self.prior, dict) and all(isinstance(k, str) for k in self.prior),
                 f"node_priority.prior must be a mapping of accelerator type (a string) to relative speed, e.g. "
-                f"{{'H100': 1.0, 'A100': 0.32}}, got {self.prior!r}")
+                f"{{'H100': 1.0, 'A100': 0.32}}, got {shown(self.prior)}")
         for name, speed in self.prior.items():
-            require(finite(speed) and speed > 0,
-                     f"node_priority.prior[{name!r}] must be a positive relative speed, got {speed!r}")
+            check_range(speed, f"node_priority.prior[{shown(name, 40)}]", 0.0, MAX_REAL, open_low=True,
+                        hint="a relative speed")
         if self.emulated_speeds is not None:
-            require(isinstance(self.emulated_speeds, (list, tuple)) and len(self.emulated_speeds) >= 1,
+            require(isinstance(self.emulated_speeds, (list, tuple)) and 1 <= len(self.emulated_speeds) <= 1 << 16,
                     f"node_priority.emulated_speeds must be a list of speed factors in (0, 1], one per worker, or "
-                    f"None, got {self.emulated_speeds!r}")
+                    f"None, got {shown(self.emulated_speeds)}")
             for i, s in enumerate(self.emulated_speeds):
                 check_speed(s, f"node_priority.emulated_speeds[{i}]")
-        if self.emulated_per_sample_s is not None:
-            require(finite(self.emulated_per_sample_s) and 0.0 < self.emulated_per_sample_s <= 1.0,
-                    "node_priority.emulated_per_sample_s must be seconds per sample in (0, 1] (e.g. 5e-4) or "
-                    f"None, got {self.emulated_per_sample_s!r}")
+        check_range(self.emulated_per_sample_s, "node_priority.emulated_per_sample_s", 0.0, 1.0, open_low=True,
+                    none_ok=True, hint="seconds per sample, e.g. 5e-4")
 
     @property
     def emulation(self) -> str | None:
@@ -148,8 +138,7 @@ class NodePriorityConfig:
 
     def check_workers(self, num_workers: int) -> None:
         """Check that ``num_workers`` workers can satisfy the batch bounds; say what to change if not."""
-        require(isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 1,
-                f"need at least one worker (an integer), got {num_workers!r}")
+        check_range(num_workers, "the number of workers", 1, MAX_GLOBAL_BATCH, whole=True)
         self.batch  # noqa: B018 - raises when the global batch size is missing
         require(self.min_batch * num_workers <= self.batch,
                  f"node_priority.min_batch={self.min_batch} x {num_workers} workers exceeds "

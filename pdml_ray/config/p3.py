@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdml_ray.config.checks import finite, require
+from pdml_ray.config.checks import MAX_ITEMS, MAX_REAL, check_range, require
+from pdml_ray.errors import shown
 
 P3_SLICE_ELEMENTS = 40_000
 """P3's reference implementation slices at 40,000 parameters (160 KB of float32). At 10 Gb/s such a
@@ -51,28 +52,23 @@ class P3Config:
     def __post_init__(self) -> None:
         from pdml_ray.p3.queue import QUEUES
 
-        require(self.policy in QUEUES, f"p3.policy must be one of {sorted(QUEUES)}, got {self.policy!r}")
-        require(isinstance(self.slice_elements, int) and not isinstance(self.slice_elements, bool)
-                and self.slice_elements >= 1,
-                f"p3.slice_elements must be an integer >= 1 (P3 uses {P3_SLICE_ELEMENTS}), got {self.slice_elements!r}")
-        require(self.credit_bytes is None or (isinstance(self.credit_bytes, int) and not isinstance(self.credit_bytes, bool)
-                                              and self.credit_bytes >= 1),
-                f"p3.credit_bytes must be an integer >= 1 (bytes in flight, e.g. 640000) or None for four slices, "
-                f"got {self.credit_bytes!r}")
-        require(isinstance(self.bucket_bytes, int) and not isinstance(self.bucket_bytes, bool) and self.bucket_bytes >= 1,
-                f"p3.bucket_bytes must be an integer >= 1 (DDP uses 26214400), got {self.bucket_bytes!r}")
-        require(isinstance(self.auto, bool), f"p3.auto must be true or false, got {self.auto!r}")
-        bandwidth = self.emulated_bandwidth_gbps
-        require(bandwidth is None or (finite(bandwidth) and bandwidth > 0),
-                f"p3.emulated_bandwidth_gbps must be > 0 (e.g. 10) or None for the real network, "
-                f"got {self.emulated_bandwidth_gbps!r}")
-        require(finite(self.emulated_latency_us) and self.emulated_latency_us >= 0,
-                f"p3.emulated_latency_us must be >= 0 microseconds, got {self.emulated_latency_us!r}")
+        require(isinstance(self.policy, str) and self.policy in QUEUES,
+                f"p3.policy must be one of {sorted(QUEUES)}, got {shown(self.policy)}")
+        check_range(self.slice_elements, "p3.slice_elements", 1, MAX_ITEMS, whole=True,
+                    hint=f"P3 uses {P3_SLICE_ELEMENTS}")
+        check_range(self.credit_bytes, "p3.credit_bytes", 1, MAX_ITEMS, whole=True, none_ok=True,
+                    hint="bytes in flight, e.g. 640000; None: four slices")
+        check_range(self.bucket_bytes, "p3.bucket_bytes", 1, MAX_ITEMS, whole=True, hint="DDP uses 26214400")
+        require(isinstance(self.auto, bool), f"p3.auto must be true or false, got {shown(self.auto)}")
+        check_range(self.emulated_bandwidth_gbps, "p3.emulated_bandwidth_gbps", 0.0, MAX_REAL, open_low=True,
+                    none_ok=True, hint="e.g. 10; None: the real network")
+        check_range(self.emulated_latency_us, "p3.emulated_latency_us", 0.0, MAX_REAL, hint="microseconds")
         require(self.emulated_latency_us == 0 or self.emulated_bandwidth_gbps is not None,
                 "p3.emulated_latency_us needs p3.emulated_bandwidth_gbps (latency is part of the EMULATED link)")
-        require(self.ps_transfer in ("layer", "message"),
-                f"p3.ps_transfer must be 'layer' or 'message', got {self.ps_transfer!r}")
-        require(self.element_size in (1, 2, 4, 8), f"p3.element_size must be 1, 2, 4 or 8 bytes, got {self.element_size!r}")
+        require(isinstance(self.ps_transfer, str) and self.ps_transfer in ("layer", "message"),
+                f"p3.ps_transfer must be 'layer' or 'message', got {shown(self.ps_transfer)}")
+        require(type(self.element_size) is int and self.element_size in (1, 2, 4, 8),
+                f"p3.element_size must be 1, 2, 4 or 8 bytes, got {shown(self.element_size)}")
 
     @property
     def effective_credit_bytes(self) -> int:

@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdml_ray.config.checks import require
+from pdml_ray.config.checks import check_range, require
 from pdml_ray.config.continuity import ContinuityConfig
 from pdml_ray.config.gradient import GradientPriorityConfig
-from pdml_ray.config.loading import load_dataclass
+from pdml_ray.config.loading import load_dataclass, read_yaml
 from pdml_ray.config.node import NodePriorityConfig
 from pdml_ray.config.p3 import P3Config
 from pdml_ray.config.pipeline import PipelineConfig
 from pdml_ray.config.sample import SamplePriorityConfig
-from pdml_ray.errors import ConfigError
+from pdml_ray.errors import ConfigError, shown
 
 
 _SECTIONS: dict[str, tuple[type, bool]] = {
@@ -56,16 +56,15 @@ class PDMLConfig:
     """Ray namespace of the scheduler actor."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0,
-                f"seed must be an integer >= 0, got {self.seed!r}")
+        check_range(self.seed, "seed", 0, 2**63 - 1, whole=True, hint="of numpy's and torch's generators")
         for f in dataclasses.fields(self):  # sections: the right config class (or None where optional)
             section = _SECTIONS.get(f.name)
             value = getattr(self, f.name)
             if section is not None and not (isinstance(value, section[0]) or (value is None and section[1])):
                 raise ConfigError(f"{f.name} must be a {section[0].__name__}{' or None' if section[1] else ''}, "
-                                  f"got {value!r}")
+                                  f"got {shown(value)}")
         require(isinstance(self.namespace, str) and bool(self.namespace),
-                f"namespace must be a non-empty string (the Ray namespace), got {self.namespace!r}")
+                f"namespace must be a non-empty string (the Ray namespace), got {shown(self.namespace)}")
         require(self.scheduler_name is None or (isinstance(self.scheduler_name, str) and bool(self.scheduler_name)),
                 "scheduler_name must be a non-empty string, or None to name it after the run")
 
@@ -83,18 +82,7 @@ class PDMLConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "PDMLConfig":
-        import yaml
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e}); check the path") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the config as UTF-8") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}; fix the syntax (a mapping of sections, e.g. "
-                              "'node_priority: {global_batch_size: 1024}')") from None
+        data = read_yaml(path)  # bounded, JSON-like types only (pdml_ray.config.loading)
         if data is None:
             data = {}
         if not isinstance(data, dict):

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdml_ray.config.checks import finite, integer, require
+from pdml_ray.config.checks import MAX_REAL, check_range, require
+from pdml_ray.errors import shown
+
+MAX_STAGES = 4096
+"""Most pipeline stages a config describes (``stage_costs`` entries)."""
+MAX_ACTIVATIONS = 10**6
+"""Largest activation count a config takes (memory limit, osprey's extra in flight), as ``simulate``'s."""
 
 
 def _check_schedule(value: object, field_name: str, *, static_only: bool) -> None:
     from pdml_ray.pipeline.registry import SCHEDULERS, STATIC_SCHEDULES
 
     valid = STATIC_SCHEDULES if static_only else tuple(SCHEDULERS)
-    require(value in valid, f"{field_name} must be one of {list(valid)}, got {value!r}")
+    require(isinstance(value, str) and value in valid, f"{field_name} must be one of {list(valid)}, got {shown(value)}")
+
 
 @dataclass(kw_only=True, slots=True)
 class OspreyConfig:
@@ -38,16 +45,11 @@ class OspreyConfig:
     """Static schedule whose plan osprey uses until it has measurements."""
 
     def __post_init__(self) -> None:
-        require(finite(self.ema_alpha) and 0.0 < self.ema_alpha <= 1.0,
-                 f"osprey.ema_alpha must be in (0, 1] (e.g. 0.5), got {self.ema_alpha!r}")
-        require(finite(self.stale_relax) and 0.0 <= self.stale_relax <= 1.0,
-                 f"osprey.stale_relax must be in [0, 1] (e.g. 0.1), got {self.stale_relax!r}")
-        require(finite(self.momentum) and 0.0 <= self.momentum < 1.0,
-                 f"osprey.momentum must be in [0, 1) (e.g. 0.5), got {self.momentum!r}")
-        require(finite(self.rebalance_threshold) and 0.0 <= self.rebalance_threshold < 1.0,
-                 f"osprey.rebalance_threshold must be in [0, 1) (e.g. 0.02), got {self.rebalance_threshold!r}")
-        require(integer(self.extra_in_flight, 0),
-                 f"osprey.extra_in_flight must be an integer >= 0 activations, got {self.extra_in_flight!r}")
+        check_range(self.ema_alpha, "osprey.ema_alpha", 0.0, 1.0, open_low=True, hint="e.g. 0.5")
+        check_range(self.stale_relax, "osprey.stale_relax", 0.0, 1.0, hint="e.g. 0.1")
+        check_range(self.momentum, "osprey.momentum", 0.0, 1.0, open_high=True, hint="e.g. 0.5")
+        check_range(self.rebalance_threshold, "osprey.rebalance_threshold", 0.0, 1.0, open_high=True, hint="e.g. 0.02")
+        check_range(self.extra_in_flight, "osprey.extra_in_flight", 0, MAX_ACTIVATIONS, whole=True, hint="activations")
         _check_schedule(self.warm_start, "osprey.warm_start", static_only=True)
 
 
@@ -72,17 +74,21 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         _check_schedule(self.schedule, "pipeline.schedule", static_only=False)
-        if self.memory_limit is not None:
-            require(integer(self.memory_limit, 1),
-                     f"pipeline.memory_limit must be an integer >= 1 activation or None, got {self.memory_limit!r}")
+        check_range(self.memory_limit, "pipeline.memory_limit", 1, MAX_ACTIVATIONS, whole=True, none_ok=True,
+                    hint="activations per replica")
         if self.stage_costs is not None:
-            require(isinstance(self.stage_costs, (list, tuple)),
-                    f"pipeline.stage_costs must be a list of (forward_s, backward_s) pairs or None, got {self.stage_costs!r}")
+            require(isinstance(self.stage_costs, (list, tuple)) and len(self.stage_costs) <= MAX_STAGES,
+                    f"pipeline.stage_costs must be a list of at most {MAX_STAGES} (forward_s, backward_s) pairs, one "
+                    f"per stage, or None, got {shown(self.stage_costs)}")
             for i, c in enumerate(self.stage_costs):
-                require(isinstance(c, (list, tuple)) and len(c) == 2 and all(finite(x) and x > 0 for x in c),
-                         f"pipeline.stage_costs[{i}] must be (forward_s, backward_s), both > 0 seconds, got {c!r}")
+                require(isinstance(c, (list, tuple)) and len(c) == 2,
+                        f"pipeline.stage_costs[{i}] must be (forward_s, backward_s), got {shown(c)}")
+                for x in c:
+                    check_range(x, f"pipeline.stage_costs[{i}]", 0.0, MAX_REAL, open_low=True,
+                                hint="forward_s and backward_s, seconds")
         _check_schedule(self.auto_static, "pipeline.auto_static", static_only=True)
-        require(finite(self.auto_dispersion_threshold) and self.auto_dispersion_threshold >= 0.0,
-                 f"pipeline.auto_dispersion_threshold must be >= 0 (e.g. 0.05 = 5%), got {self.auto_dispersion_threshold!r}")
-        require(finite(self.auto_bubble_threshold) and 0.0 <= self.auto_bubble_threshold <= 1.0,
-                 f"pipeline.auto_bubble_threshold must be in [0, 1] (e.g. 0.3), got {self.auto_bubble_threshold!r}")
+        check_range(self.auto_dispersion_threshold, "pipeline.auto_dispersion_threshold", 0.0, MAX_REAL,
+                    hint="a coefficient of variation, e.g. 0.05 = 5%")
+        check_range(self.auto_bubble_threshold, "pipeline.auto_bubble_threshold", 0.0, 1.0, hint="e.g. 0.3")
+        require(isinstance(self.osprey, OspreyConfig),
+                f"pipeline.osprey must be an OspreyConfig (a mapping of its fields in YAML), got {shown(self.osprey)}")

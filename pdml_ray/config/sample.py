@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pdml_ray.config.checks import finite, integer, require
+from pdml_ray.config.checks import MAX_STEPS, check_range, require
+from pdml_ray.errors import shown
 
 @dataclass(kw_only=True, slots=True)
 class SamplePriorityConfig:
@@ -40,24 +41,17 @@ class SamplePriorityConfig:
 
     def __post_init__(self) -> None:
         require(isinstance(self.replacement, bool),
-                f"sample_priority.replacement must be true or false, got {self.replacement!r}")
-        require(self.unseen_score in ("max", "mean"),
-                 f"sample_priority.unseen_score must be 'max' or 'mean', got {self.unseen_score!r}")
-        require(self.score in ("loss", "loss_ema"),
-                 f"sample_priority.score must be 'loss' or 'loss_ema', got {self.score!r}")
-        require(finite(self.score_ema) and 0.0 < self.score_ema <= 1.0,
-                 f"sample_priority.score_ema must be in (0, 1], got {self.score_ema!r}")
-        require(finite(self.exponent) and 0.0 <= self.exponent <= 10.0,
-                 f"sample_priority.exponent must be in [0, 10] (1.0 = proportional to loss), got {self.exponent!r}")
-        require(finite(self.uniform_mix) and 0.0 <= self.uniform_mix <= 1.0,
-                 f"sample_priority.uniform_mix must be in [0, 1] (e.g. 0.1), got {self.uniform_mix!r}")
-        require(finite(self.staleness_decay) and 0.0 <= self.staleness_decay < 1.0,
-                 f"sample_priority.staleness_decay must be in [0, 1), got {self.staleness_decay!r}")
-        require(integer(self.stale_after, 1),
-                 f"sample_priority.stale_after must be an integer >= 1 step, got {self.stale_after!r}")
-        require(finite(self.is_exponent_start) and 0.0 <= self.is_exponent_start <= 1.0,
-                 f"sample_priority.is_exponent_start must be in [0, 1], got {self.is_exponent_start!r}")
-        require(finite(self.is_exponent_end) and 0.0 <= self.is_exponent_end <= 1.0,
-                 f"sample_priority.is_exponent_end must be in [0, 1] (1.0 = unbiased), got {self.is_exponent_end!r}")
-        require(integer(self.is_anneal_steps, 0),
-                 f"sample_priority.is_anneal_steps must be an integer >= 0, got {self.is_anneal_steps!r}")
+                f"sample_priority.replacement must be true or false, got {shown(self.replacement)}")
+        require(isinstance(self.unseen_score, str) and self.unseen_score in ("max", "mean"),
+                f"sample_priority.unseen_score must be 'max' or 'mean', got {shown(self.unseen_score)}")
+        require(isinstance(self.score, str) and self.score in ("loss", "loss_ema"),
+                f"sample_priority.score must be 'loss' or 'loss_ema', got {shown(self.score)}")
+        check_range(self.score_ema, "sample_priority.score_ema", 0.0, 1.0, open_low=True)
+        check_range(self.exponent, "sample_priority.exponent", 0.0, 10.0, hint="1.0 = proportional to loss")
+        check_range(self.uniform_mix, "sample_priority.uniform_mix", 0.0, 1.0, hint="e.g. 0.1")
+        check_range(self.staleness_decay, "sample_priority.staleness_decay", 0.0, 1.0, open_high=True,
+                    hint="per step; 0 = off")
+        check_range(self.stale_after, "sample_priority.stale_after", 1, MAX_STEPS, whole=True, hint="steps")
+        check_range(self.is_exponent_start, "sample_priority.is_exponent_start", 0.0, 1.0)
+        check_range(self.is_exponent_end, "sample_priority.is_exponent_end", 0.0, 1.0, hint="1.0 = unbiased")
+        check_range(self.is_anneal_steps, "sample_priority.is_anneal_steps", 0, MAX_STEPS, whole=True, hint="steps")

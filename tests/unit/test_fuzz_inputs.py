@@ -77,7 +77,8 @@ def _accepted_config_works(cfg: PDMLConfig) -> None:
     """An accepted config must not fail later: a scheduler builds (or says which field to change),
     takes reports, decides and saves its state."""
     assert isinstance(cfg, PDMLConfig)
-    if cfg.node_priority.global_batch_size is None or cfg.node_priority.global_batch_size > 10**6:
+    if cfg.node_priority is None or cfg.node_priority.global_batch_size is None \
+            or cfg.node_priority.global_batch_size > 10**6:  # no node axis (optional), or too big to run here
         return
     workers = 3
     try:

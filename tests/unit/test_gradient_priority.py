@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from pdml_ray.config import GradientPriorityConfig, NodePriorityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.config.gradient import load_priority_fn
+from pdml_ray.config.training import check_ray_train
 from pdml_ray.decisions import Boundary, GradientDecision, WorkerReport
 from pdml_ray.errors import ConfigError, PlanError, ReportError, StateError
 from pdml_ray.priority.gradient import (GradientStats, RunningMean, k_from_progress, mark_applied, relative_to_best,
@@ -287,11 +288,12 @@ def test_a_module_function_priority_is_imported_and_used_as_the_gradient_signal(
     ("priority_fns:grad norm", "'module:function'"),
     ("eval('1'):x", "'module:function'"),
 ])
-def test_bad_priority_functions_are_refused_when_the_config_is_built(name, message):
+def test_bad_priority_functions_are_refused_before_a_run_starts(name, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        GradientPriorityConfig(priority_fn=name)
-    with pytest.raises(ConfigError, match="gradient_priority.priority_fn"):
-        PDMLConfig.from_dict({"node_priority": {"global_batch_size": 8}, "gradient_priority": {"priority_fn": name}})
+        load_priority_fn(name)
+    with pytest.raises(ConfigError, match="gradient_priority.priority_fn"):  # what PDMLTrainer checks
+        check_ray_train(PDMLConfig.from_dict({"node_priority": {"global_batch_size": 8},
+                                              "gradient_priority": {"priority_fn": name}}))
 
 
 @pytest.mark.parametrize("kwargs, message", [
