@@ -280,8 +280,9 @@ class PDMLContext:
         """The step is done: advance, and keep what its report needs until its compute time is known."""
         t0 = time.perf_counter()
         now = t0
+        grad_norm = self._combiner.local_grad_norm() if self._combiner is not None else None
         self._untimed[batch.step] = _Untimed(batch, wait_s, now - self._step_t0,
-                                             self._step_overhead, per_sample, launch_s, sleep_s)
+                                             self._step_overhead, per_sample, launch_s, sleep_s, grad_norm)
         self.global_step += 1
         self._position = (batch.epoch, batch.end_offset)
         self._step_overhead = time.perf_counter() - t0
@@ -461,13 +462,15 @@ class PDMLContext:
             return
         per_sample = u.per_sample  # its kernels came before the end event: reading it does not wait
         loss = float(per_sample.float().mean()) if per_sample is not None and per_sample.numel() else float("nan")
+        grad_norm = float(u.grad_norm) if u.grad_norm is not None else float("nan")  # its kernel ran in backward
         sample_losses = None
         if self.config.sample_priority is not None and per_sample is not None:
             sample_losses = per_sample.float().cpu().numpy()
         self._last_report = WorkerReport(
             worker_id=self.rank, step=step, samples=max(len(u.batch.indices), 0),
             compute_s=(span_s - u.launch_s if span_s > u.launch_s else span_s) + u.sleep_s, wait_s=u.wait_s, step_s=u.step_s,
-            overhead_s=u.overhead_s, loss=loss, accelerator_type=self.accelerator_type,
+            overhead_s=u.overhead_s, loss=loss, grad_norm=grad_norm if math.isfinite(grad_norm) else float("nan"),
+            accelerator_type=self.accelerator_type,
             sample_indices=u.batch.indices if sample_losses is not None else None, sample_losses=sample_losses)
         self._reports.append(self._last_report)
         dt = time.perf_counter() - t0

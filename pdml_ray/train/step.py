@@ -402,3 +402,5 @@ class _Untimed:
     per_sample: torch.Tensor | None
     launch_s: float
     sleep_s: float
+    grad_norm: torch.Tensor | None = None
+    """This rank's local gradient norm (0-d, on the device; ``GradientCombiner.local_grad_norm``)."""

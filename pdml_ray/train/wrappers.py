@@ -58,6 +58,12 @@ class GradientCombiner:
     on_compute_end: Callable[[], None] | None = None
     """Called (cheaply, never blocking) where backward's compute is known to end: DDP's last bucket."""
     weight: float = 1.0
+
+    def local_grad_norm(self) -> torch.Tensor | None:
+        """This rank's gradient norm over its own batch this step, before any combination, as a 0-d float32
+        tensor on the gradients' device (reading it waits for nothing once backward is done); None where the
+        wrapper never sees the local gradient whole (FSDP2 reduce-scatters inside backward)."""
+        return None
     """This step's weight ``b_i / B``, as armed (and renormalised over the finite ranks)."""
     excluded: bool = False
     """This rank's contribution to the current step is excluded (its loss was not finite)."""
@@ -124,6 +130,7 @@ class DDPHook(GradientCombiner):
         self._last_ready: float | None = None
         self._launch = 0.0
         self._launch_before_end: float | None = None
+        self._grad_sq: torch.Tensor | None = None  # sum over this step's buckets of the local squared norm
         try:
             model.register_comm_hook(self, DDPHook._hook)
         except RuntimeError as e:  # DDP allows one hook, registered before the first backward
@@ -141,7 +148,11 @@ class DDPHook(GradientCombiner):
             state._launch_before_end = state._launch  # the last launch comes after compute ended
             if state.on_compute_end is not None:
                 state.on_compute_end()
-        tensor = bucket.buffer().mul_(state.weight)
+        tensor = bucket.buffer()
+        # this rank's own gradient, before weighting and all-reduce: one norm per bucket, on the device
+        norm = torch.linalg.vector_norm(tensor, dtype=torch.float32)
+        state._grad_sq = norm * norm if state._grad_sq is None else state._grad_sq + norm * norm
+        tensor.mul_(state.weight)
         if state._ok is None:  # no guard this step (step.loss not called, or check_nonfinite off)
             future = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
             state._launch += time.perf_counter() - t0
@@ -185,6 +196,10 @@ class DDPHook(GradientCombiner):
     def begin(self, weight: float) -> None:
         self.weight, self._last_ready, self._launch, self._launch_before_end = weight, None, 0.0, None
         self.excluded, self._ok, self._flags, self._flags_future = False, None, None, None
+        self._grad_sq = None
+
+    def local_grad_norm(self) -> torch.Tensor | None:
+        return self._grad_sq.sqrt() if self._grad_sq is not None else None
 
     def guard(self, ok: torch.Tensor, rank: int, world_size: int) -> bool:
         self._ok, self._rank, self._world = ok, rank, world_size

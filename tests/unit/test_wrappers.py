@@ -212,3 +212,19 @@ def test_the_guard_can_be_turned_off(gloo):
     scope = _nan_step(ctx, model, 0)
     assert scope.excluded == () and not scope.dropped and ctx.nonfinite.total_excluded == 0
     assert not bool(torch.isfinite(model.module[0].weight.grad).all())  # the NaN went through, as before
+
+
+def test_each_step_reports_the_local_gradient_norm_taken_before_the_weighted_all_reduce(gloo):
+    """The DDP hook measures this rank's own gradient (one norm per bucket, on the device, before the
+    bucket is weighted), and the step's report carries it as ``grad_norm``."""
+    model = torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.0001)  # several buckets
+    ctx = _ctx()
+    model = ctx.prepare_model(model)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(12, 8, generator=g), torch.randint(0, 3, (12,), generator=g)
+    with ctx.step(_batch(weight=0.25)) as step:  # weighted: the all-reduced gradient is a quarter of the local one
+        step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
+    reduced = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    ctx.flush()
+    assert ctx._last_report is not None
+    assert ctx._last_report.grad_norm == pytest.approx(4 * float(reduced), rel=1e-5)
