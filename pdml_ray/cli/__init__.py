@@ -39,7 +39,7 @@ class Parser(argparse.ArgumentParser):
     """argparse, with a bad argument as one line (no usage block) pointing at ``--help``."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
 
 
 def benchmarks() -> dict[str, str]:
@@ -143,7 +143,10 @@ def _leaf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    """``text`` on one line of at most ~400 characters: a word (an echoed argument) longer than 60 is cut."""
+    words = [w if len(w) <= 60 else w[:40] + "..." for w in str(text).split()]
+    line = " ".join(words)
+    return line if len(line) <= 400 else line[:397] + "..."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,6 +62,18 @@ def float_range(low: float | None = None, high: float | None = None, *, low_open
     return parse
 
 
+def items(text: str, what: str, sep: str = ",", example: str = "1f1b,osprey") -> list[str]:
+    """The ``sep``-separated items of a list argument, stripped; an empty list or an empty item
+    (``1f1b,,``, ``,2``) is refused: it is a typo, not a shorter list."""
+    parts = [p.strip() for p in text.split(sep)]
+    if not any(parts):
+        raise argparse.ArgumentTypeError(f"{what} must not be empty; give {sep!r}-separated items, e.g. {example}")
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{what} has an empty item in {text!r}; separate items by one {sep!r}, "
+                                         f"e.g. {example}")
+    return parts
+
+
 def non_empty(what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if not text.strip():

@@ -15,7 +15,7 @@ import time
 
 from pdml_ray.bench.common import add_compute_argument
 from pdml_ray.bench.hetero import PER_SAMPLE_MS
-from pdml_ray.cli.args import int_range, ray_address, seed
+from pdml_ray.cli.args import int_range, items, ray_address, seed
 from pdml_ray.errors import ConfigError
 
 DESCRIPTION = "train twice on a local Ray cluster (uniform shares, then node priorities) and compare"
@@ -24,7 +24,7 @@ DESCRIPTION = "train twice on a local Ray cluster (uniform shares, then node pri
 def speed_list(text: str) -> list[float]:
     """``--speeds``: comma-separated speed factors in (0, 1], the fastest worker 1.0 (2 to 64 workers)."""
     try:
-        speeds = [float(s) for s in text.split(",")]
+        speeds = [float(s) for s in items(text, "--speeds", example="1,1,0.4,0.4")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers in (0, 1] such as 1,1,0.4,0.4, "
                                          f"got {text!r}") from None

@@ -7,27 +7,23 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from pdml_ray.errors import ConfigError
+from pdml_ray.config.loading import read_yaml
+from pdml_ray.errors import ConfigError, shown
 
 KINDS = ("pipeline", "stragglers")
 
 
 def load_scenario(path: str) -> dict[str, Any]:
     """The scenario file as a mapping (``kind`` included); a missing or malformed file is a ConfigError."""
-    import yaml
-
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"--scenario {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--scenario {path}: not valid YAML ({' '.join(str(e).split())})") from None
+        data = read_yaml(path)  # bounded, JSON-like types only
+    except ConfigError as e:
+        raise ConfigError(f"--scenario {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--scenario {path}: expected a mapping of scenario keys, got {type(data).__name__}")
     kind = data.get("kind", "pipeline")
     if kind not in KINDS:
-        raise ConfigError(f"--scenario {path}: kind must be pipeline or stragglers, got {kind!r}")
+        raise ConfigError(f"--scenario {path}: kind must be pipeline or stragglers, got {shown(kind)}")
     return data
 
 
@@ -42,9 +38,9 @@ def scenario_values(data: dict[str, Any], path: str, types: dict[str, Callable[[
                     repeatable: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Scenario keys checked by the flags' own types (a ``repeatable`` key takes a list, one value per
     repetition of its flag); an unknown key lists the valid ones."""
-    unknown = sorted(set(data) - set(types) - {"kind"})
+    unknown = sorted(set(data) - set(types) - {"kind"}, key=shown)
     if unknown:
-        raise ConfigError(f"--scenario {path}: unknown key(s) {unknown}; valid keys: {sorted(types)}")
+        raise ConfigError(f"--scenario {path}: unknown key(s) {shown(unknown, 200)}; valid keys: {sorted(types)}")
     values: dict[str, Any] = {}
     for key, parse in types.items():
         if key not in data:

@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from pdml_ray.cli.args import file_path, float_range, int_range, seed
+from pdml_ray.cli.args import file_path, float_range, int_range, items, seed
 from pdml_ray.cli.scenario import load_scenario, scenario_values
 from pdml_ray.errors import ConfigError
 
@@ -48,13 +48,13 @@ DEFAULTS: dict[str, Any] = {"stages": 4, "replicas": [2], "microbatches": 16, "p
 
 
 def _replica_counts(text: str) -> list[int]:
-    counts = [int_range(1, MAX_REPLICAS)(x) for x in text.split(",")]
-    return counts
+    return [int_range(1, MAX_REPLICAS)(x) for x in items(text, "--replicas", example="2,2,1,2")]
 
 
 def _speed_grid(text: str) -> list[list[float]]:
     speed = float_range(0.0, 1000.0, low_open=True, hint=" (1.0 = nominal)")
-    return [[speed(x) for x in row.split(",")] for row in text.split(";")]
+    return [[speed(x) for x in items(row, "--speeds", example="1,1;1,0.5")]
+            for row in items(text, "--speeds", sep=";", example="1,1;1,0.5")]
 
 
 def _slow(text: str) -> tuple[int, int, float]:
@@ -69,10 +69,10 @@ def _slow(text: str) -> tuple[int, int, float]:
 def _schedule_names(text: str) -> list[str]:
     from pdml_ray.pipeline.registry import SCHEDULERS
 
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = items(text, "--schedules", example="1f1b,osprey")
     unknown = [n for n in names if n not in SCHEDULERS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown schedule(s) {unknown or [text]}; valid names: {sorted(SCHEDULERS)}")
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown schedule(s) {unknown}; valid names: {sorted(SCHEDULERS)}")
     return names
 
 

@@ -26,7 +26,7 @@ import argparse
 import json
 from typing import Any, Callable
 
-from pdml_ray.cli.args import float_range, int_range, seed
+from pdml_ray.cli.args import float_range, int_range, items, seed
 from pdml_ray.cli.scenario import load_scenario, scenario_values
 from pdml_ray.errors import ConfigError
 
@@ -36,10 +36,10 @@ DIM, L2, SAMPLES_PER_PARTITION = 16, 0.01, 16
 def _names(text: str) -> list[str]:
     from pdml_ray.stragglers.registry import POLICIES
 
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = items(text, "policies", example="sync,gc-cr")
     unknown = [n for n in names if n not in POLICIES]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown policy name(s) {unknown or [text]}; valid names: {sorted(POLICIES)}")
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown policy name(s) {unknown}; valid names: {sorted(POLICIES)}")
     return names
 
 

@@ -2,7 +2,11 @@
 
 A pdml-ray config is YAML that ``PDMLConfig.from_yaml`` loads (``node_priority:``, ``pipeline:``, ...);
 each top-level section is checked on its own first, so one run lists an error per bad section, and then
-the whole (checks across sections). A Ray cluster config (``ray up``'s YAML: ``cluster_name``,
+the whole (checks across sections), and then, for ``--runtime train`` (the default), what ``PDMLTrainer``
+requires before it launches (``pdml_ray.config.training``: ``node_priority.global_batch_size`` set,
+and with ``--workers N`` that N workers can split it). A ``gradient_priority.priority_fn`` is user
+code: only its shape (``module:function``) is checked, and it is imported (which runs its module) only
+with ``--import-priority-fn``. A Ray cluster config (``ray up``'s YAML: ``cluster_name``,
 ``provider``, ...) is checked against Ray's own schema (every violation, with its path), then by Ray's
 own ``prepare_config`` + ``validate_config`` (what ``ray up`` runs). Which kind a file is, is told by its
 keys unless ``--kind`` says.
@@ -21,11 +25,14 @@ import os
 import sys
 from typing import Any
 
-from pdml_ray.cli.args import file_path
-from pdml_ray.errors import ConfigError, UsageError
+from pdml_ray.cli.args import file_path, int_range
+from pdml_ray.config.loading import MAX_YAML_BYTES, parse_yaml
+from pdml_ray.config.node import MAX_GLOBAL_BATCH
+from pdml_ray.errors import ConfigError, UsageError, shown
 
 DESCRIPTION = "check a pdml-ray config or a Ray cluster config (exit 0 valid, 1 invalid, 2 bad usage)"
 KINDS = ("auto", "pdml", "ray")
+RUNTIMES = ("train", "any")
 RAY_KEYS = frozenset({"cluster_name", "provider", "available_node_types", "head_node_type", "max_workers",
                       "auth", "head_start_ray_commands", "worker_start_ray_commands"})
 
@@ -34,32 +41,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", type=file_path("FILE"), help="YAML file: a pdml-ray config or a Ray cluster (`ray up`) config")
     parser.add_argument("--kind", choices=KINDS, default="auto",
                         help="what FILE is (default auto: a Ray cluster config has cluster_name/provider keys)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="train",
+                        help="train (default): also what PDMLTrainer requires (node_priority.global_batch_size); "
+                             "any: only the config's own checks (the pipeline and straggler runtimes need no "
+                             "node_priority)")
+    parser.add_argument("--workers", type=int_range(1, MAX_GLOBAL_BATCH), default=None,
+                        help="with --runtime train: check that this many workers can split the global batch "
+                             "within min_batch and max_batch")
+    parser.add_argument("--import-priority-fn", action="store_true",
+                        help="import gradient_priority.priority_fn and check its signature (this runs its module's "
+                             "code); without it only the 'module:function' shape is checked")
 
 
 def load_yaml(path: str) -> tuple[Any, str | None]:
     """(data, None), or (None, why the file is not YAML). A missing or unreadable file is bad usage."""
-    import yaml
-
     if not path.strip():
         raise UsageError("FILE must not be empty; give the path of a YAML file")
     if os.path.isdir(path):
         raise UsageError(f"{path} is a directory; give the path of a YAML file")
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_YAML_BYTES + 1)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     try:
-        return yaml.safe_load(text), None
-    except yaml.YAMLError as e:
-        return None, f"not valid YAML: {' '.join(str(e).split())}; fix the syntax at the line it names"
-    except RecursionError:
-        return None, "not valid YAML: nested too deeply"
+        return parse_yaml(text), None
+    except ConfigError as e:
+        return None, str(e)
 
 
-def pdml_errors(data: Any) -> list[str]:
-    """Every error ``PDMLConfig`` finds: each section alone, then the whole (cross-section checks)."""
+def pdml_errors(data: Any, runtime: str = "train", workers: int | None = None,
+                import_priority_fn: bool = False) -> list[str]:
+    """Every error ``PDMLConfig`` finds: each section alone, then the whole (cross-section checks), then
+    for ``runtime="train"`` what ``PDMLTrainer`` requires (``check_ray_train``)."""
     from pdml_ray.config import PDMLConfig
+    from pdml_ray.config.training import check_ray_train
 
     if data is None:
         data = {}
@@ -68,13 +84,15 @@ def pdml_errors(data: Any) -> list[str]:
                 f"got {type(data).__name__}"]
     errors: list[str] = []
 
-    def check(part: dict[str, Any]) -> None:
+    def check(part: dict[str, Any], whole: bool = False) -> None:
         try:
-            PDMLConfig.from_dict(part)
+            config = PDMLConfig.from_dict(part)
+            if whole and runtime == "train":
+                check_ray_train(config, workers, import_user_code=import_priority_fn)
         except ConfigError as e:
             message = str(e)
         except Exception as e:  # noqa: BLE001 - a value of a type no check foresaw: still one line, not a traceback
-            message = f"{', '.join(map(str, part)) or 'config'}: invalid value ({type(e).__name__}: {e})"
+            message = f"{', '.join(map(shown, part))[:100] or 'config'}: invalid value ({type(e).__name__}: {str(e)[:200]})"
         else:
             return
         if message not in errors:
@@ -83,7 +101,7 @@ def pdml_errors(data: Any) -> list[str]:
     for key in data:
         check({key: data[key]})
     if not errors:
-        check(data)
+        check(data, whole=True)
     return errors
 
 
@@ -123,7 +141,7 @@ def ray_errors(data: Any) -> list[str]:
     errors = []
     for e in sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]):
         where = ".".join(str(p) for p in e.absolute_path) or "top level"
-        errors.append(f"{where}: {e.message}; {_fix(e)}")
+        errors.append(f"{where[:100]}: {e.message[:300]}; {_fix(e)}")
     if errors:
         return errors
     from ray.autoscaler._private.util import prepare_config, validate_config
@@ -134,7 +152,7 @@ def ray_errors(data: Any) -> list[str]:
     try:
         validate_config(prepare_config(copy.deepcopy(data)))
     except Exception as e:  # noqa: BLE001 - Ray raises ValueError, KeyError, RuntimeError, ...: each is a finding
-        return [f"Ray's validate_config: {type(e).__name__}: {' '.join(str(e).split())}"]
+        return [f"Ray's validate_config: {type(e).__name__}: {' '.join(str(e).split())[:300]}"]
     finally:
         logger.setLevel(level)
     return []
@@ -146,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
     if kind == "auto":
         kind = "ray" if isinstance(data, dict) and RAY_KEYS & set(map(str, data)) else "pdml"
     label = "Ray cluster config" if kind == "ray" else "pdml-ray config"
-    errors = [yaml_error] if yaml_error else ray_errors(data) if kind == "ray" else pdml_errors(data)
+    errors = ([yaml_error] if yaml_error else ray_errors(data) if kind == "ray" else
+              pdml_errors(data, args.runtime, args.workers, args.import_priority_fn))
     if errors:
         print(f"{args.file}: invalid {label}, {len(errors)} error(s):", file=sys.stderr)
         for message in errors:

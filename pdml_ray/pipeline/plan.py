@@ -28,7 +28,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Mapping, Protocol, Sequence
 
-from pdml_ray.errors import PlanError, StateError
+from pdml_ray.errors import PlanError, StateError, shown
 
 
 class Kind(str, Enum):
@@ -40,7 +40,13 @@ KIND_INDEX: dict[Kind, int] = {kind: i for i, kind in enumerate(Kind)}
 """Position of a kind in per-kind cost pairs such as ``(forward_s, backward_s)``: F=0, B=1."""
 
 
-_ACTION_RE = re.compile(r"^s(\d+)r(\d+)([FB])(\d+)$")
+_ACTION_RE = re.compile(r"^s([0-9]{1,9})r([0-9]{1,9})([FB])([0-9]{1,9})$")  # ASCII digits, at most 9 of each
+
+MAX_STAGES = MAX_REPLICAS = 4096
+"""Most stages in a plan, and most replicas of one stage."""
+MAX_ACTIONS = 1 << 22
+"""Most actions in a plan (2 x stages x micro-batches; validation and the grid are linear in it, about
+a second per million actions): a malformed plan of 10**9 micro-batches is refused, not looped over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +66,8 @@ class Action:
         """Inverse of ``str``: ``Action.parse("s0r1F3") == Action(0, 1, Kind.FORWARD, 3)``."""
         match = _ACTION_RE.match(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise PlanError(f"invalid action string {text!r}; expected s<stage>r<replica><F|B><microbatch>, e.g. s0r1F3")
+            raise PlanError(f"invalid action string {shown(text)}; expected s<stage>r<replica><F|B><microbatch> with "
+                            "numbers of at most 9 digits, e.g. s0r1F3")
         stage, replica, kind, microbatch = match.groups()
         return cls(int(stage), int(replica), Kind(kind), int(microbatch))
 
@@ -125,27 +132,27 @@ class Plan:
                             "(as Plan.to_dict() writes them)")
         stages, replicas, microbatches = data["num_stages"], data["replicas"], data["num_microbatches"]
         reorder, memory_limit, schedule = data.get("reorder", False), data.get("memory_limit"), data.get("schedule", "")
-        if not _count(stages, 1):
-            raise PlanError(f"plan num_stages must be an integer >= 1, got {stages!r}")
-        if not (isinstance(replicas, (list, tuple)) and all(_count(r, 1) for r in replicas)):
-            raise PlanError(f"plan replicas must be a list of integers >= 1 (one per stage), got {replicas!r}")
-        if not _count(microbatches, 1):
-            raise PlanError(f"plan num_microbatches must be an integer >= 1, got {microbatches!r}")
-        if not isinstance(reorder, bool):
-            raise PlanError(f"plan reorder must be true or false, got {reorder!r}")
-        if not (memory_limit is None or _count(memory_limit, 1)):
-            raise PlanError(f"plan memory_limit must be an integer >= 1 or None, got {memory_limit!r}")
-        if not isinstance(schedule, str):
-            raise PlanError(f"plan schedule must be a string (the scheduler's name), got {schedule!r}")
+        if not isinstance(replicas, (list, tuple)):
+            raise PlanError(f"plan replicas must be a list of integers >= 1 (one per stage), got {shown(replicas)}")
         if not isinstance(data["orders"], dict):
-            raise PlanError(f"plan orders must map 'stage,replica' to a list of actions, got {data['orders']!r}")
+            raise PlanError(f"plan orders must map 'stage,replica' to a list of actions, got {shown(data['orders'])}")
+        _check_sizes(stages, replicas, microbatches, memory_limit)
+        if not isinstance(reorder, bool):
+            raise PlanError(f"plan reorder must be true or false, got {shown(reorder)}")
+        if not isinstance(schedule, str) or len(schedule) > 200:
+            raise PlanError(f"plan schedule must be a string of at most 200 characters (the scheduler's name), "
+                            f"got {shown(schedule)}")
+        if len(data["orders"]) > sum(replicas):
+            raise PlanError(f"plan orders has {len(data['orders'])} entries for {sum(replicas)} replicas; give one "
+                            "per (stage, replica)")
         orders = {}
         for key, acts in data["orders"].items():
-            parts = key.split(",") if isinstance(key, str) else []
-            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-                raise PlanError(f"plan orders key {key!r} must be 'stage,replica', e.g. '0,1'")
-            if not (isinstance(acts, (list, tuple)) and all(isinstance(a, str) for a in acts)):
-                raise PlanError(f"plan orders[{key!r}] must be a list of action strings such as 's0r1F3', got {acts!r}")
+            parts = [p.strip() for p in key.split(",")] if isinstance(key, str) else []
+            if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts):
+                raise PlanError(f"plan orders key {shown(key)} must be 'stage,replica' (two integers), e.g. '0,1'")
+            if not (isinstance(acts, (list, tuple)) and len(acts) <= MAX_ACTIONS and all(isinstance(a, str) for a in acts)):
+                raise PlanError(f"plan orders[{shown(key)}] must be a list of action strings such as 's0r1F3', got "
+                                f"{shown(acts)}")
             orders[(int(parts[0]), int(parts[1]))] = tuple(Action.parse(a) for a in acts)
         plan = cls(num_stages=stages, replicas=tuple(replicas), num_microbatches=microbatches, orders=orders,
                    reorder=reorder, memory_limit=memory_limit, schedule=schedule)
@@ -265,30 +272,46 @@ def _count(x: Any, low: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= low
 
 
-def _check_shape(plan: Plan) -> None:
-    if not (_count(plan.num_stages, 1) and _count(plan.num_microbatches, 1)
-            and all(_count(r, 0) for r in plan.replicas)):
-        raise PlanError(f"plan num_stages, replicas and num_microbatches must be integers >= 1, got "
-                        f"{plan.num_stages!r}, {plan.replicas!r}, {plan.num_microbatches!r}")
-    if plan.num_stages < 1 or len(plan.replicas) != plan.num_stages:
-        raise PlanError(f"plan has num_stages={plan.num_stages} but replicas={plan.replicas}; "
+def _check_sizes(stages: Any, replicas: Any, microbatches: Any, memory_limit: Any) -> None:
+    """The numbers of a plan: integers in their ranges, ``replicas`` one per stage, and at most
+    ``MAX_ACTIONS`` actions; PlanError naming the first one that is not."""
+    if not _count(stages, 1) or stages > MAX_STAGES:
+        raise PlanError(f"plan num_stages must be an integer in [1, {MAX_STAGES}], got {shown(stages)}")
+    if not (isinstance(replicas, (list, tuple)) and all(_count(r, 1) and r <= MAX_REPLICAS for r in replicas)):
+        raise PlanError(f"plan replicas must be a list of integers in [1, {MAX_REPLICAS}] (one per stage), got "
+                        f"{shown(replicas)}")
+    if len(replicas) != stages:
+        raise PlanError(f"plan has num_stages={stages} but {len(replicas)} replica counts ({shown(replicas)}); "
                         "give one replica count per stage")
-    if any(r < 1 for r in plan.replicas):
-        raise PlanError(f"every stage needs at least one replica, got replicas={plan.replicas}")
-    if plan.num_microbatches < 1:
-        raise PlanError(f"num_microbatches must be >= 1, got {plan.num_microbatches}")
-    if plan.memory_limit is not None and plan.memory_limit < 1:
-        raise PlanError(f"memory_limit must be >= 1 activation or None, got {plan.memory_limit}")
-    # Without enumerating every (stage, replica): replica counts may be huge in a malformed plan.
+    if not _count(microbatches, 1) or 2 * stages * microbatches > MAX_ACTIONS:
+        raise PlanError(f"plan num_microbatches must be an integer >= 1 with 2 x stages x micro-batches at most "
+                        f"{MAX_ACTIONS:,} actions, got {shown(microbatches)} for {stages} stages")
+    if not (memory_limit is None or (_count(memory_limit, 1) and memory_limit <= MAX_ACTIONS)):
+        raise PlanError(f"plan memory_limit must be an integer in [1, {MAX_ACTIONS}] (activations) or None, got "
+                        f"{shown(memory_limit)}")
+
+
+def _check_shape(plan: Plan) -> None:
+    _check_sizes(plan.num_stages, plan.replicas, plan.num_microbatches, plan.memory_limit)
+    if not isinstance(plan.orders, dict):
+        raise PlanError(f"plan orders must map (stage, replica) to a tuple of actions, got {shown(plan.orders)}")
+    for key, actions in plan.orders.items():
+        if not (isinstance(key, tuple) and len(key) == 2 and all(_count(x, 0) for x in key)):
+            raise PlanError(f"plan orders key {shown(key)} must be (stage, replica), two integers >= 0")
+        if not (isinstance(actions, (tuple, list)) and all(isinstance(a, Action) for a in actions)):
+            raise PlanError(f"plan orders[{key}] must be a tuple of Actions, got {shown(actions)}")
     extra = sorted(key for key in plan.orders
-                   if not (0 <= key[0] < plan.num_stages and 0 <= key[1] < plan.replicas[key[0]]))
+                   if not (key[0] < plan.num_stages and key[1] < plan.replicas[key[0]]))
     if extra or len(plan.orders) != sum(plan.replicas):
         if sum(plan.replicas) <= 1 << 16:
             expected = {(k, r) for k in range(plan.num_stages) for r in range(plan.replicas[k])}
             missing: object = sorted(expected - set(plan.orders))
         else:
             missing = f"{sum(plan.replicas) - len(plan.orders) + len(extra)} of {sum(plan.replicas)}"
-        raise PlanError(f"plan orders must have one entry per (stage, replica): missing {missing}, unexpected {extra}")
+        raise PlanError(f"plan orders must have one entry per (stage, replica): missing {shown(missing, 150)}, "
+                        f"unexpected {shown(extra, 150)}")
+    if plan.num_actions > MAX_ACTIONS:
+        raise PlanError(f"plan has {plan.num_actions:,} actions, more than {MAX_ACTIONS:,}")
 
 
 def _check_coverage(plan: Plan) -> None:
@@ -349,9 +372,10 @@ def unit_time_grid(plan: Plan) -> list[dict[tuple[int, int], Action]]:
                 if all((k, kind, a.microbatch) in done for k, kind in prods[a.stage][a.kind]):
                     row[key] = a
         if not row:
-            stuck = ", ".join(f"stage {k} replica {r} waits at {plan.orders[(k, r)][pos[(k, r)]]}"
-                              for k, r in sorted(plan.orders) if pos[(k, r)] < len(plan.orders[(k, r)]))
-            raise PlanError(f"deadlock: the in-order run stops after {len(grid)} steps; {stuck}")
+            stuck = [f"stage {k} replica {r} waits at {plan.orders[(k, r)][pos[(k, r)]]}"
+                     for k, r in sorted(plan.orders) if pos[(k, r)] < len(plan.orders[(k, r)])]
+            more = f" and {len(stuck) - 4} more" if len(stuck) > 4 else ""
+            raise PlanError(f"deadlock: the in-order run stops after {len(grid)} steps; {', '.join(stuck[:4])}{more}")
         for key, a in row.items():
             done.add((a.stage, a.kind, a.microbatch))
             pos[key] += 1
