@@ -66,13 +66,13 @@ def load_priority_fn(name: str, where: str = "gradient_priority.priority_fn") ->
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have no signature: trust them
-        return fn  # type: ignore[no-any-return]
+        return fn
     try:
         sig.bind(None)
     except TypeError:
         raise ConfigError(f"{where}: {name!r} has signature {fn_name}{shown(sig, 200)}; it must accept exactly one "
                           "positional argument, fn(report: WorkerReport) -> float (other parameters need defaults)") from None
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _simplex(w: Any) -> bool:
@@ -134,7 +134,8 @@ class GradientPriorityConfig:
         require(_simplex(w), "gradient_priority.prior_weights must be three numbers >= 0 summing to 1 "
                              f"(alpha, beta, gamma, e.g. [0.5, 0.3, 0.2]), got {shown(w)}")
         self.prior_weights = (float(w[0]), float(w[1]), float(w[2]))
-        check_range(self.simplex_resolution, "gradient_priority.simplex_resolution", 1, 10, whole=True, hint="e.g. 2")
+        check_range(self.simplex_resolution, "gradient_priority.simplex_resolution", 0, 10, whole=True,
+                    hint="e.g. 2; 0 pins the weights at prior_weights")
         check_range(self.bandit_discount, "gradient_priority.bandit_discount", 0.5, 1.0, hint="1 = no forgetting")
         check_range(self.bandit_exploration, "gradient_priority.bandit_exploration", 0.0, MAX_REAL, hint="e.g. 1.0")
         check_range(self.collapse_hold, "gradient_priority.collapse_hold", 0, MAX_STEPS, whole=True, hint="boundaries")
