@@ -152,13 +152,13 @@ def test_recalibration_compresses_peaks_geometrically():
 
 
 def test_config_messages_say_how_to_fix():
-    with pytest.raises(ValueError, match="max_tie_fraction must be in \\(0.5, 1\\]"):
+    with pytest.raises(ValueError, match="max_tie_fraction must be a number in \\(0.5, 1\\]"):
         ContinuityConfig(max_tie_fraction=0.3)
-    with pytest.raises(ValueError, match="check_interval must be an integer >= 1"):
+    with pytest.raises(ValueError, match="check_interval must be an integer in \\[1,"):
         ContinuityConfig(check_interval=0)
-    with pytest.raises(ValueError, match="min_normalized_ess must be >= 0 and below max_normalized_ess"):
+    with pytest.raises(ValueError, match=r"min_normalized_ess must be a number in \[0, 0.4\) \(below max_normalized_ess\)"):
         ContinuityConfig(min_normalized_ess=0.5, max_normalized_ess=0.4)
-    with pytest.raises(ValueError, match="reset_fraction must be in \\[0, 1\\]"):
+    with pytest.raises(ValueError, match="reset_fraction must be a number in \\[0, 1\\]"):
         ContinuityConfig(reset_fraction=1.5)
 
 
@@ -205,7 +205,7 @@ def test_a_rare_class_holding_a_large_tables_mass_is_not_a_collapse():
     assert _sums_check(mon, losses, 1).collapse == "peaked"
     losses[:3] = losses[3]  # the rare class again; judged by the fraction alone it reads peaked
     assert _sums_check(ContinuityMonitor(ContinuityConfig(min_effective_items=math.inf)), losses, 2).collapse == "peaked"
-    with pytest.raises(ValueError, match="min_effective_items must be >= 0"):
+    with pytest.raises(ValueError, match="min_effective_items must be a number in \\[0,"):
         ContinuityConfig(min_effective_items=-1)
 
 
@@ -245,5 +245,5 @@ def test_running_squares_ask_for_a_recomputation_after_a_peak_came_and_went():
 
 def test_running_sums_threshold_is_validated():
     assert ContinuityConfig().running_sums_from == 1 << 20 and ContinuityConfig().check_interval == 50
-    with pytest.raises(ValueError, match="running_sums_from must be an integer >= 0"):
+    with pytest.raises(ValueError, match="running_sums_from must be an integer in \\[0,"):
         ContinuityConfig(running_sums_from=-1)

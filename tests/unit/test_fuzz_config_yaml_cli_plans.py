@@ -35,8 +35,9 @@ from pdml_ray.errors import PDMLError
 from pdml_ray.pipeline.plan import Plan, validate
 from pdml_ray.pipeline.registry import make_scheduler
 
-MAX_LINES, MAX_CHARS, MAX_SECONDS = 2, 500, 2.0
-"""A refusal is one or two lines of at most ~500 characters, within 2 s (a crash otherwise)."""
+MAX_LINES, MAX_CHARS, MAX_SECONDS = 2, 500, 10.0
+"""A refusal is one or two lines of at most ~500 characters, within 10 s (a crash otherwise): far above a
+refusal's milliseconds even on a loaded 2-core machine, far below the 33 s an alias bomb took."""
 SEEDS = {"config dicts": 2201, "direct construction": 2202, "yaml": 2203, "cli": 2204, "plans": 2205}
 COUNTS = {"config dicts": 3000, "direct construction": 3000, "yaml": 1500, "cli": 1200, "plans": 2000}
 """Inputs per target (10,700 in all, the YAML attacks on top)."""

@@ -260,7 +260,7 @@ def test_decisions_are_deterministic_given_the_reports():
 
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), 11.0, "2", True])
 def test_decision_confidence_is_validated(value):
-    with pytest.raises(ConfigError, match=r"decision_confidence must be a number of standard errors in \[0, 10\]"):
+    with pytest.raises(ConfigError, match=r"decision_confidence must be a number in \[0, 10\] \(standard errors"):
         NodePriorityConfig(decision_confidence=value)
 
 

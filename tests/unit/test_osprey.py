@@ -150,13 +150,13 @@ def test_replay_reproduces_every_plan_exactly(name: str) -> None:
 
 
 def test_configs_reject_bad_values_with_fixes() -> None:
-    with pytest.raises(ConfigError, match=r"osprey.ema_alpha must be in \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"osprey.ema_alpha must be a number in \(0, 1\]"):
         OspreyConfig(ema_alpha=0.0)
     with pytest.raises(ConfigError, match="osprey.momentum"):
         OspreyConfig(momentum=1.0)
     with pytest.raises(ConfigError, match="pipeline.schedule must be one of"):
         PipelineConfig(schedule="pipedream")
-    with pytest.raises(ConfigError, match="pipeline.memory_limit must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="pipeline.memory_limit must be an integer in \\[1,"):
         PipelineConfig(memory_limit=0)
     with pytest.raises(ConfigError, match=r"pipeline.stage_costs\[1\]"):
         PipelineConfig(stage_costs=[(1.0, 2.0), (1.0, -1.0)])

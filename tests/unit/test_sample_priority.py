@@ -255,9 +255,9 @@ def test_state_dict_round_trip():
 
 
 def test_config_messages_say_how_to_fix():
-    with pytest.raises(ValueError, match="exponent must be in \\[0, 10\\]"):
+    with pytest.raises(ValueError, match="exponent must be a number in \\[0, 10\\]"):
         SamplePriorityConfig(exponent=-1.0)
-    with pytest.raises(ValueError, match="uniform_mix must be in \\[0, 1\\]"):
+    with pytest.raises(ValueError, match="uniform_mix must be a number in \\[0, 1\\]"):
         SamplePriorityConfig(uniform_mix=1.5)
     with pytest.raises(ValueError, match="unseen_score must be 'max' or 'mean'"):
         SamplePriorityConfig(unseen_score="min")
@@ -363,7 +363,7 @@ def test_importance_exponent_held_at_one_or_at_zero():
     sp = SamplePrioritizer(10, SamplePriorityConfig(is_exponent_start=0.2, is_exponent_end=0.6, is_anneal_steps=100))
     assert sp.beta(50) == pytest.approx(0.4) and sp.beta(100) == 0.6 and sp.beta(10**6) == 0.6
     assert SamplePrioritizer(10, SamplePriorityConfig(is_anneal_steps=0, is_exponent_end=0.3)).beta(0) == 0.3
-    with pytest.raises(ValueError, match="is_exponent_end must be in \\[0, 1\\] \\(1.0 = unbiased\\)"):
+    with pytest.raises(ValueError, match="is_exponent_end must be a number in \\[0, 1\\] \\(1.0 = unbiased\\)"):
         SamplePriorityConfig(is_exponent_end=1.5)
 
 
