@@ -244,14 +244,30 @@ def _yaml_file(tmp: Path, i: int, text: str | bytes) -> Path:
     return path
 
 
+def _mapped_bytes() -> int:
+    """This process's virtual address space now (Linux /proc; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _in_child(call: Callable[[], Any], memory_bytes: int = 2 << 30) -> tuple[str, str]:
-    """``_verdict`` of ``call`` in a forked child capped at ``memory_bytes``: a crash cannot reach us."""
+    """``_verdict`` of ``call`` in a forked child allowed ``memory_bytes`` more than it inherits: a crash
+    cannot reach us."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: cap memory, judge, write the verdict, exit without cleanup
         try:
             os.close(read)
-            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+            # on top of what the process already maps: late in a full run (torch, Ray, ... imported) that is
+            # itself gigabytes of address space, and a cap below it fails every allocation of the child
+            cap = _mapped_bytes() + memory_bytes
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
             kind, what = _verdict(call)
             os.write(write, f"{kind}\n{what}".encode()[:4000])
         finally:
