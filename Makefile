@@ -26,10 +26,10 @@ demo: venv
 test: venv
 	$(PY) -m mypy
 	-sh scripts/install_test_tools.sh
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -rs -p no:cacheprovider tests
 
 unit: venv
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PY) -m pytest -q -rs -p no:cacheprovider tests/unit
 
 bench-quick: venv
 	mkdir -p results

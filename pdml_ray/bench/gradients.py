@@ -284,4 +284,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "stragglers": label,
                 "deriver": "real: an in-process scheduler (node + gradient derivers) inside the timed step",
                 "accuracy": f"held-out: {HELD_OUT} samples from the same generator, never trained on"}
-    return finish(args, result, emulated)
+    # the workload ran on the CPU whatever --device asked for: the machine record names what really ran it
+    return finish(argparse.Namespace(**{**vars(args), "device": "cpu"}), result, emulated)

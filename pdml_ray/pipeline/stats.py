@@ -34,6 +34,9 @@ class PipelineRunStats:
     """One pipeline runtime's figures, cumulative over its steps."""
 
     schedule: str = ""
+    emulated: str = "none"
+    """What the run EMULATES, as the ``emulated`` tag of every series: ``none``, or a comma list of
+    ``compute`` (actions sleep per-sample compute times), ``speeds`` (slow replicas sleep after compute)."""
     steps: int = 0
     replica_deaths: int = 0
     rerun_microbatches: int = 0
@@ -51,10 +54,12 @@ class PipelineRunStats:
         self.bubble = bubble_ratio(measurements, step_s, live_replicas)
 
     def gauges(self) -> list[GaugeValue]:
-        tags = (("schedule", self.schedule),)
+        tags = (("schedule", self.schedule), ("emulated", self.emulated))
         return [GaugeValue("pdml_pipeline_bubble_ratio", "measured fraction of the replicas' time the last step "
-                           "left idle (0-1)", self.bubble, tags),
-                GaugeValue("pdml_pipeline_step_seconds", "wall time of the last global step", self.step_s, tags),
+                           "left idle (0-1); the emulated tag says what is EMULATED (compute: slept per-sample "
+                           "times; speeds: slow replicas sleep)", self.bubble, tags),
+                GaugeValue("pdml_pipeline_step_seconds", "wall time of the last global step; the emulated tag says "
+                           "what of it is EMULATED", self.step_s, tags),
                 GaugeValue("pdml_pipeline_steps_total", "global steps run", self.steps, tags),
                 GaugeValue("pdml_pipeline_replica_deaths_total", "stage replicas that died during a step and "
                            "were survived", self.replica_deaths, tags),

@@ -123,7 +123,7 @@ class PipelineRuntime(FaultHandling):
                                       name_prefix=name_prefix)
                          for r in range(self.replicas[k])] for k in range(num_stages)]
         ray.get([a.describe.remote() for row in self._actors for a in row])  # fail fast if one cannot start
-        self.stats = PipelineRunStats()
+        self.stats = PipelineRunStats(emulated=self._emulated_tag())
         """This runtime's figures over its steps (``pdml_ray.pipeline.stats``), exported after every step
         as ``pdml_pipeline_*`` metrics tagged ``run=<metrics_name>-<id>`` (``metrics_name=None``: not exported)."""
         self._gauges = PriorityGauges(metrics_name) if metrics_name is not None else None
@@ -354,6 +354,13 @@ class PipelineRuntime(FaultHandling):
         """Change one replica's EMULATED speed factor (0, 1]."""
         ray.get(self._actors[stage][replica].set_speed.remote(speed))
         self.speeds[(stage, replica)] = float(speed)
+        self.stats.emulated = self._emulated_tag()
+
+    def _emulated_tag(self) -> str:
+        """The ``emulated`` tag of this runtime's series: what its step times EMULATE."""
+        emulated = [what for what, on in (("compute", self.compute == "sleep"),
+                                          ("speeds", any(v < 1.0 for v in self.speeds.values()))) if on]
+        return ",".join(emulated) or "none"
 
     def shutdown(self) -> None:
         if self._gauges is not None:

@@ -137,7 +137,9 @@ class StragglerRuntime:
         else:
             self.feed = GradientFeed.for_policy(policy)
         self.pool = pool if pool is not None else WorkerPool(num_cpus_per_worker)
-        self.stats = StragglerRunStats(policy.name)
+        emulated = [what for what, on in (("compute", per_sample_s > 0),
+                                          ("stragglers", not isinstance(self.straggler_model, NoStragglers))) if on]
+        self.stats = StragglerRunStats(policy.name, emulated=",".join(emulated) or "none")
         """This runtime's figures over its steps (``pdml_ray.stragglers.stats``), exported after every step
         as ``pdml_straggler_*`` metrics tagged ``run=<metrics_name>-<id>`` (``metrics_name=None``: not exported)."""
         self._gauges = PriorityGauges(metrics_name) if metrics_name is not None else None

@@ -22,6 +22,9 @@ class StragglerRunStats:
     """One straggler runtime's figures, cumulative over its steps."""
 
     policy: str
+    emulated: str = "none"
+    """What the run EMULATES, as the ``emulated`` tag of every series: ``none``, or a comma list of
+    ``compute`` (workers sleep per-sample compute times), ``stragglers`` (a delay model slows workers)."""
     steps: int = 0
     results_dropped: int = 0
     worker_deaths: int = 0
@@ -35,9 +38,11 @@ class StragglerRunStats:
         self.step_s = step_s
 
     def gauges(self) -> list[GaugeValue]:
-        tags = (("policy", self.policy),)
+        tags = (("policy", self.policy), ("emulated", self.emulated))
         return [GaugeValue("pdml_straggler_results_dropped_total", "tasks whose result the update did not use "
                            "(cut short, or left out by the policy)", self.results_dropped, tags),
-                GaugeValue("pdml_straggler_step_seconds", "wall time of the last step", self.step_s, tags),
+                GaugeValue("pdml_straggler_step_seconds", "wall time of the last step; the emulated tag says what "
+                           "of it is EMULATED (compute: slept per-sample times; stragglers: slept delays)",
+                           self.step_s, tags),
                 GaugeValue("pdml_straggler_steps_total", "steps run", self.steps, tags),
                 GaugeValue("pdml_straggler_worker_deaths_total", "worker actors found dead", self.worker_deaths, tags)]

@@ -105,7 +105,7 @@ def test_the_runtimes_export_the_measured_bubble_and_the_dropped_results():
     pipeline.observe("1f1b", 2.0, acts, 1, deaths=1, reruns=3)  # one replica left: 1.5 of 2.0 busy
     by = {g.name: g for g in pipeline.gauges()}
     assert by["pdml_pipeline_bubble_ratio"].value == pytest.approx(0.25)
-    assert by["pdml_pipeline_bubble_ratio"].tags == (("schedule", "1f1b"),)
+    assert by["pdml_pipeline_bubble_ratio"].tags == (("schedule", "1f1b"), ("emulated", "none"))
     assert by["pdml_pipeline_step_seconds"].value == 2.0 and by["pdml_pipeline_steps_total"].value == 2
     assert by["pdml_pipeline_replica_deaths_total"].value == 1 and by["pdml_pipeline_rerun_microbatches_total"].value == 3
     assert bubble_ratio(acts, 0.5, 1) == 0.0 and math.isnan(bubble_ratio(acts, 0.0, 2))  # clipped; no wall time
