@@ -11,6 +11,18 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 _status: list[int] = []
 
+_TIERS = {"ray": "ray", "e2e": "e2e", "gpu": "gpu"}
+"""Test folder -> the marker every test in it carries (``-m "not ray and not e2e"`` runs the unit tier)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test carries its tier's marker, from the folder it lives in (tests/ray, tests/e2e, tests/gpu)."""
+    for item in items:
+        parts = item.path.parts
+        tier = next((_TIERS[p] for p in reversed(parts[:-1]) if p in _TIERS), None)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
+
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):

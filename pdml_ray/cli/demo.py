@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import threading
 import time
+
+import numpy as np
 
 from pdml_ray.bench.common import add_compute_argument
 from pdml_ray.bench.hetero import PER_SAMPLE_MS
@@ -137,8 +140,30 @@ def run(args: argparse.Namespace) -> int:
             ["speedup", 1.0, fig["speedup_vs_uniform"]],
             ["efficiency vs ideal balance", fig["efficiency"] / fig["speedup_vs_uniform"], fig["efficiency"]],
             ["final loss", u["loss"], p["loss"]],
-            ["batch sizes", u["batch_sizes"], p["batch_sizes"]]]
+            ["batch sizes", u["batch_sizes"], p["batch_sizes"]],
+            ["speed-ratio split (for comparison)", "", list(speed_ratio_split(speeds, args.global_batch))]]
     print_table(["", "uniform shares", "node priorities"], rows,
                 title=f"result (steady-state medians; ideal speedup from measured rates + per-step extras: {fig['ideal_speedup']:.2f}x)")
     print(f"\n{note}")
+    print(split_note(args.compute, len(speeds), os.cpu_count() or 1))
     return 0
+
+
+def speed_ratio_split(speeds: list[float], global_batch: int) -> tuple[int, ...]:
+    """The batch sizes in proportion to the emulated speeds (what ``--compute sleep`` converges to)."""
+    from pdml_ray.batching import round_to_batch_sizes
+
+    total = sum(speeds)
+    return tuple(int(b) for b in round_to_batch_sizes(np.array([s / total for s in speeds]), global_batch, 0, None))
+
+
+def split_note(compute: str, workers: int, cores: int) -> str:
+    """Why the node-priority split may differ from the speed ratio, in words for the console."""
+    if compute == "sleep":
+        return ("the split follows the emulated speeds: compute is slept (samples x per-sample time / speed), so the "
+                "speed-ratio split is the ideal one")
+    contention = (f"{workers} workers share {cores} cores here, so each worker's measured rate includes waiting for a "
+                  "core, and two workers of the same emulated speed can measure different rates; "
+                  if workers > cores else "")
+    return ("the split follows each worker's MEASURED step-time model (real compute plus the emulated slowdown), not "
+            f"the speeds you gave: {contention}run with --compute sleep to see the speed-ratio split itself")
