@@ -12,8 +12,8 @@ Reports travel packed (``PackedReports``: one plain tuple per report, no datacla
 times cheaper to serialise on the worker and three times cheaper to read back at the scheduler, which
 reads them into ``WorkerReport``s and validates each as it would a ``WorkerReport`` sent as one.
 
-How calls travel is a ``Transport``: ``pdml_ray.actors.scheduler.RayTransport`` (a named
-Ray actor) in training, ``LocalTransport`` (a ``Scheduler`` in this process) for a single process
+How calls travel is a ``SchedulerTransport``: ``pdml_ray.actors.scheduler.RaySchedulerTransport`` (a named
+Ray actor) in training, ``LocalSchedulerTransport`` (a ``Scheduler`` in this process) for a single process
 and for tests that drive ``PDMLContext`` without Ray.
 """
 
@@ -85,7 +85,7 @@ class PackedReports:
         return self.reports()
 
 
-class Transport(Protocol):
+class SchedulerTransport(Protocol):
     """How calls reach the scheduler. Every method raises ``SchedulerUnavailableError`` (only) when
     the scheduler cannot be reached; the client turns that into "keep the last decision"."""
 
@@ -106,7 +106,7 @@ class Transport(Protocol):
         ...
 
 
-class LocalTransport:
+class LocalSchedulerTransport:
     """Calls a ``Scheduler`` in this process synchronously: every call is ready at once."""
 
     def __init__(self, scheduler: Any) -> None:
@@ -126,7 +126,7 @@ class LocalTransport:
 
 
 class SchedulerClient:
-    def __init__(self, transport: Transport, connect_timeout_s: float = 30.0) -> None:
+    def __init__(self, transport: SchedulerTransport, connect_timeout_s: float = 30.0) -> None:
         self.transport = transport
         self._connected = transport.connect(connect_timeout_s)
         self._pending: Any = None  # the bundle request in flight (rank 0 only)

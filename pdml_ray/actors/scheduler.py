@@ -1,6 +1,6 @@
-"""The scheduler as a named Ray actor (``Scheduler`` plus naming, restart options, snapshots and
-metrics), and the ``RayTransport`` workers reach it through (``pdml_ray.client.SchedulerClient``'s
-transport).
+"""The scheduler as a named Ray actor: ``Scheduler`` plus naming, restart options, snapshots and metrics.
+Workers reach it through ``pdml_ray.actors.scheduler_transport.RaySchedulerTransport``; its snapshots live
+in ``pdml_ray.actors.snapshot_store.SnapshotStore``.
 
 Restarts. The actor has ``max_restarts=-1``: if its process dies, Ray runs its constructor again with
 the same arguments. So that a restarted scheduler does not start empty, a background thread saves a
@@ -32,16 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import json
 import os
 import sys
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
 
 import ray
 from ray.exceptions import RayActorError, RayError
@@ -52,6 +49,7 @@ from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, SchedulerUnavailableError, StateError
 from pdml_ray.metrics import PriorityGauges, ray_report_interval_s
 from pdml_ray.scheduler import Scheduler, SchedulerStats
+from pdml_ray.actors.snapshot_store import SNAPSHOT_MAX_BYTES, SnapshotStore, kv_ready
 from pdml_ray.state_format import check_scheduler_decisions, dumps, loads
 
 log = logging.getLogger(__name__)
@@ -84,82 +82,6 @@ SNAPSHOT_INTERVAL_S = 5.0
 """The scheduler's state is saved at most this often (and only when something changed)."""
 SNAPSHOT_MAX_FRACTION = 0.05
 """Snapshots take at most this share of the actor's time (the interval stretches for a large state)."""
-SNAPSHOT_CHUNK_BYTES = 8 * 1024 * 1024
-"""Bytes per GCS KV value of a snapshot (well under Ray's 512 MiB gRPC message limit)."""
-SNAPSHOT_MAX_BYTES = 256 * 1024 * 1024
-"""A larger snapshot is not written (with a warning): it would sit in the GCS's memory."""
-_KV_NAMESPACE = "pdml"
-_MANIFEST_FORMAT = "pdml-ray-snapshot-manifest"
-_MANIFEST_VERSION = 1
-
-
-class SnapshotStore:
-    """The scheduler's snapshot in Ray's GCS internal KV: chunks of a generation, then a manifest
-    naming it (JSON, written last: a reader sees the previous snapshot or this one, never half of one)."""
-
-    def __init__(self, name: str, namespace: str) -> None:
-        self.prefix = f"scheduler-snapshot/{quote(namespace, safe='')}/{quote(name, safe='')}/"
-
-    def save(self, blob: bytes, generation: int) -> None:
-        from ray.experimental import internal_kv as kv
-
-        chunks = [blob[i:i + SNAPSHOT_CHUNK_BYTES] for i in range(0, len(blob), SNAPSHOT_CHUNK_BYTES)] or [b""]
-        for i, chunk in enumerate(chunks):
-            kv._internal_kv_put(f"{self.prefix}{generation}/{i}", chunk, overwrite=True, namespace=_KV_NAMESPACE)
-        manifest = {"format": _MANIFEST_FORMAT, "version": _MANIFEST_VERSION, "generation": generation,
-                    "chunks": len(chunks), "bytes": len(blob), "crc32": zlib.crc32(blob)}
-        kv._internal_kv_put(f"{self.prefix}manifest", json.dumps(manifest).encode(), overwrite=True,
-                            namespace=_KV_NAMESPACE)
-        kv._internal_kv_del(f"{self.prefix}{generation - 1}/", del_by_prefix=True, namespace=_KV_NAMESPACE)
-
-    def load(self) -> tuple[bytes, int] | None:
-        """The newest committed snapshot's bytes and its generation, or None when there is none;
-        StateError when the manifest is not one ``save`` wrote or its chunks are missing or corrupt."""
-        from ray.experimental import internal_kv as kv
-
-        raw = kv._internal_kv_get(f"{self.prefix}manifest", namespace=_KV_NAMESPACE)
-        if raw is None:
-            return None
-        manifest = _manifest(raw, f"{self.prefix}manifest")
-        parts = [kv._internal_kv_get(f"{self.prefix}{manifest['generation']}/{i}", namespace=_KV_NAMESPACE)
-                 for i in range(manifest["chunks"])]
-        blob = b"".join(p for p in parts if p is not None)
-        if None in parts or len(blob) != manifest["bytes"] or zlib.crc32(blob) != manifest["crc32"]:
-            crc = "matches" if zlib.crc32(blob) == manifest["crc32"] else "does not match"
-            raise StateError(f"the scheduler snapshot {self.prefix} in Ray's GCS KV is incomplete or corrupt "
-                             f"({len(blob)} of {manifest['bytes']} bytes, the CRC {crc}): the restarted scheduler "
-                             "starts empty")
-        return blob, manifest["generation"]
-
-    def clear(self) -> None:
-        from ray.experimental import internal_kv as kv
-
-        kv._internal_kv_del(self.prefix, del_by_prefix=True, namespace=_KV_NAMESPACE)
-
-
-def _manifest(raw: bytes, key: str) -> dict[str, int]:
-    """The snapshot manifest ``SnapshotStore.save`` wrote (JSON), its fields checked; StateError if not."""
-    try:
-        manifest = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # not UTF-8 or not JSON (a pickle, say): never unpickled
-        raise StateError(f"the scheduler snapshot manifest {key} in Ray's GCS KV is not JSON ({type(e).__name__}); "
-                         "it was not written by this pdml-ray: the restarted scheduler starts empty") from None
-    fields = ("generation", "chunks", "bytes", "crc32")
-    if not (isinstance(manifest, dict) and manifest.get("format") == _MANIFEST_FORMAT
-            and manifest.get("version") == _MANIFEST_VERSION
-            and all(type(manifest.get(k)) is int and manifest[k] >= 0 for k in fields)):  # noqa: E721 - not bools
-        raise StateError(f"the scheduler snapshot manifest {key} in Ray's GCS KV is not a {_MANIFEST_FORMAT} version "
-                         f"{_MANIFEST_VERSION} with integer {', '.join(fields)}: the restarted scheduler starts empty")
-    return {k: manifest[k] for k in fields}
-
-
-def _kv_ready() -> bool:
-    """Whether this process is connected to a Ray cluster's GCS (inside an actor it is)."""
-    from ray.experimental import internal_kv as kv
-
-    return bool(kv._internal_kv_initialized())
-
-
 def _reconstructed() -> bool:
     """Whether this actor process is a restart (Ray re-ran the constructor after the actor died)."""
     try:
@@ -193,7 +115,7 @@ class MeteredScheduler(Scheduler):
         self._store: SnapshotStore | None = None
         self._stop = threading.Event()
         self._snapshot_lock = threading.Lock()
-        if snapshots and config.scheduler_name is not None and _kv_ready():
+        if snapshots and config.scheduler_name is not None and kv_ready():
             self._store = SnapshotStore(config.scheduler_name, config.namespace)
             if _reconstructed():
                 self._restore()
@@ -470,47 +392,3 @@ def list_schedulers(namespace: str = "pdml") -> list[str]:
     from ray.util import list_named_actors
 
     return sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a.get("namespace") == namespace)
-
-
-class RayTransport:
-    """``pdml_ray.client.Transport`` over the named scheduler actor: ObjectRefs as pending calls.
-
-    Every Ray failure (actor dead or restarting, a timeout, an error inside the scheduler) becomes
-    ``SchedulerUnavailableError``: the client then keeps training on its last decision.
-    """
-
-    def __init__(self, name: str, namespace: str) -> None:
-        self.name, self.namespace = name, namespace
-        self._handle: Any = None
-
-    def connect(self, timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while True:
-            self._handle = find_scheduler(self.name, self.namespace)
-            if self._handle is not None or time.monotonic() >= end:
-                return self._handle is not None
-            time.sleep(0.2)
-
-    def submit(self, method: str, *args: Any) -> ray.ObjectRef:
-        if self._handle is None:
-            raise SchedulerUnavailableError(f"scheduler {self.name!r} in namespace {self.namespace!r} not found")
-        try:
-            return getattr(self._handle, method).remote(*args)
-        except RayError as e:
-            self._handle = None
-            raise SchedulerUnavailableError(f"scheduler {self.name!r}: {type(e).__name__}") from e
-
-    def ready(self, pending: ray.ObjectRef, timeout_s: float) -> bool:
-        ready, _ = ray.wait([pending], timeout=timeout_s)
-        return bool(ready)
-
-    def result(self, pending: ray.ObjectRef, timeout_s: float | None = None) -> Any:
-        try:
-            return ray.get(pending, timeout=timeout_s)
-        except RayError as e:  # GetTimeoutError is one too
-            self._handle = None
-            error = SchedulerUnavailableError(f"scheduler {self.name!r}: {type(e).__name__}: {e}")
-            # the actor died (Ray restarts it: max_restarts=-1) or is briefly unreachable, as opposed to
-            # an error raised inside it or a timeout: a blocking call may be sent again (client.call)
-            error.restarting = isinstance(e, RayActorError)  # type: ignore[attr-defined]
-            raise error from e

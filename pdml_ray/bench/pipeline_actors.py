@@ -11,7 +11,7 @@ import ray
 import torch
 from torch import nn
 
-from pdml_ray.actors.stage import DEFAULT_STAGE_NUM_CPUS
+from pdml_ray.actors.pipeline import DEFAULT_STAGE_NUM_CPUS
 from pdml_ray.config import PDMLConfig, PipelineConfig
 from pdml_ray.errors import ConfigError
 from pdml_ray.runtime.pipeline import PipelineRuntime, StepResult

@@ -1,7 +1,7 @@
 """``pdml-ray bench scheduler``: does the scheduler actor hold the load of a large cluster?
 
 Simulated workers (``--workers``, default 256) report to a real scheduler actor through the real
-worker-side client (``SchedulerClient`` over ``RayTransport``: fire-and-forget calls, at most
+worker-side client (``SchedulerClient`` over ``RaySchedulerTransport``: fire-and-forget calls, at most
 ``MAX_REPORT_CALLS_IN_FLIGHT`` pending per worker, later reports coalesced into the next call), from a
 few load-generator actors. A warm-up of paced load (20 s, quick 5 s: the actor's buffers reach their
 working size; its memory before it is reported as ``rss_mb_cold``), then three phases, one run:
@@ -61,11 +61,11 @@ class LoadGenerator:
     every ``interval`` steps, at ``hz`` steps per second (0: as fast as the clients let them)."""
 
     def __init__(self, name: str, namespace: str, worker_ids: range, interval: int, seed: int) -> None:
-        from pdml_ray.actors.scheduler import RayTransport
+        from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
         from pdml_ray.client import SchedulerClient
 
         self.worker_ids, self.interval = worker_ids, interval
-        self.clients = {w: SchedulerClient(RayTransport(name, namespace)) for w in worker_ids}
+        self.clients = {w: SchedulerClient(RaySchedulerTransport(name, namespace)) for w in worker_ids}
         self.pending: dict[int, list[Any]] = {w: [] for w in worker_ids}
         self.rng = np.random.default_rng(seed)
         self.step = 0

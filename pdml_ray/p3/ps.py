@@ -1,7 +1,7 @@
 """Runtime 1's core, without Ray: P3 as published, over a parameter server (Jayarajan et al., 2019).
 
-The worker side; the shards' side is ``pdml_ray.p3.shard`` (``ShardState``, the ``Transport`` to it,
-and ``LocalTransport`` for one process). The Ray shells (``pdml_ray.actors.p3_shard``) wrap both, and
+The worker side; the shards' side is ``pdml_ray.p3.shard`` (``ShardState``, the ``ShardTransport`` to it,
+and ``LocalShardTransport`` for one process). The Ray shells (``pdml_ray.actors.p3_ps``) wrap both, and
 unit tests drive them in one process:
 
 - ``P3PSWorker``: a worker with a model replica and its share of every global batch. Parameter hooks
@@ -9,7 +9,7 @@ unit tests drive them in one process:
   backward has produced it and push them to the uplink's send queue (``pdml_ray.p3.queue``: ``p3``,
   ``fifo`` or ``bucketed``); a sender thread hands messages to the EMULATED uplink
   (``pdml_ray.p3.link.EmulatedLink``: the message arrives when it would over the modelled link).
-  The gradients go to the shards through ``Transport.push`` (one call per layer or message and
+  The gradients go to the shards through ``ShardTransport.push`` (one call per layer or message and
   shard, whose future is the updated slices: push and pull in one round trip). An updated slice goes
   through the worker's downlink the same way (a send queue of the same policy, then the EMULATED
   downlink). The next forward waits per layer,
@@ -70,7 +70,7 @@ from torch import Tensor, nn
 from pdml_ray.errors import ConfigError, PlanError, UsageError
 from pdml_ray.p3.link import EmulatedLink, LinkModel
 from pdml_ray.p3.queue import DDP_BUCKET_BYTES, Message, SendQueue, make_queue
-from pdml_ray.p3.shard import Transport, shard_of
+from pdml_ray.p3.shard import ShardTransport, shard_of
 from pdml_ray.p3.slicing import Slice, SlicePlan, flatten_layer, plan_slices, unflatten_layer
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -123,7 +123,7 @@ class P3PSWorker:
     """Worker ``worker`` of a P3 parameter-server run (see the module docstring)."""
 
     def __init__(self, worker: int, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
-                 batches: Sequence[tuple[int, int, float]], transport: Transport, num_shards: int, *,
+                 batches: Sequence[tuple[int, int, float]], transport: ShardTransport, num_shards: int, *,
                  policy: str = "p3", slice_elements: int = 40_000, bucket_bytes: int = DDP_BUCKET_BYTES,
                  link: LinkModel | None = None, num_threads: int | None = None, wait_timeout_s: float = 120.0,
                  compute_sleep_s: Sequence[tuple[float, float]] | None = None,

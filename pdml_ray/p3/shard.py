@@ -7,8 +7,8 @@
   is what ``value(slice)`` returns. Elementwise optimizers (SGD with momentum and weight decay)
   update a slice exactly as they would the whole parameter, so the result does not depend on the
   order slices arrive in.
-- ``Transport``: how a worker reaches the shards (Ray actor calls in the runtime,
-  ``pdml_ray.actors.p3_shard.RayTransport``); ``LocalTransport`` calls in-process shards directly.
+- ``ShardTransport``: how a worker reaches the shards (Ray actor calls in the runtime,
+  ``pdml_ray.actors.p3_ps.RayShardTransport``); ``LocalShardTransport`` calls in-process shards directly.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class ShardState:
         return self.values[sid].detach().clone()
 
 
-class Transport(Protocol):
+class ShardTransport(Protocol):
     """How a worker reaches the shards (Ray actor calls in the runtime, direct calls in unit tests)."""
 
     def push(self, shard: int, step: int, worker: int, slice_ids: list[int], grads: list[Tensor]) -> Future[list[Tensor]]:
@@ -110,7 +110,7 @@ class Transport(Protocol):
         ...
 
 
-class LocalTransport:
+class LocalShardTransport:
     """Direct calls to in-process shards (unit tests, no Ray): a push's future resolves when the update
     of its slices is applied."""
 

@@ -1,6 +1,6 @@
 """One replica of one pipeline stage: forward, real autograd backward, gradient accumulation, step.
 
-A plain class (no Ray): ``pdml_ray.actors.stage`` wraps it in ``ray.remote``; unit tests drive it
+A plain class (no Ray): ``pdml_ray.actors.pipeline`` wraps it in ``ray.remote``; unit tests drive it
 directly. Per micro-batch it keeps the input it received (as a leaf that requires grad, so that
 backward yields the gradient to send upstream) and the output it produced, until that micro-batch's
 backward. Parameter gradients accumulate across micro-batches in ``param.grad`` until

@@ -10,10 +10,10 @@ batch k cut into the workers' shares) with gradient weight ``b_w / B``, so the s
 is the mean gradient of the global batch: the parameters equal single-process SGD's on the same
 global batches whatever the send order (``tests/ray/test_p3_ps_ray.py``).
 
-- Shards (``pdml_ray.actors.p3_shard.P3ShardActor``) hold the slices round-robin
+- Shards (``pdml_ray.actors.p3_ps.P3ShardActor``) hold the slices round-robin
   (``pdml_ray.p3.shard.shard_of``), apply SGD per slice as soon as every worker pushed it, and answer
   each push with the updated values.
-- Workers (the straggler runtime's ``DPWorker`` actor shell hosting ``RayP3PSWorker``, a
+- Workers (the straggler runtime's ``GradientWorkerHost`` actor shell hosting ``RayP3PSWorker``, a
   ``pdml_ray.p3.ps.P3PSWorker``) push slices from parameter hooks
   during backward, in send-queue order (``p3`` / ``fifo`` / ``bucketed``), through an EMULATED link
   (``P3Config.emulated_bandwidth_gbps``: each message waits until it would have arrived, both ways);
@@ -21,9 +21,9 @@ global batches whatever the send order (``tests/ray/test_p3_ps_ray.py``).
 - The data set and initial parameters are published once with ``ray.put`` (the straggler runtime's
   convention); results come back as object refs, gathered with one ``ray.get``.
 
-Reuse of the straggler-tolerant runtime: its worker actor itself (``DPWorker`` via
-``launch_dp_worker``, configured with ``worker_cls=RayP3PSWorker``; ``call`` / ``call_fn`` run the
-worker's methods), its conventions (``DEFAULT_DP_WORKER_NUM_CPUS``, ``dp_worker_name``, ``configure``
+Reuse of the straggler-tolerant runtime: its worker actor itself (``GradientWorkerHost`` via
+``launch_gradient_worker``, configured with ``worker_cls=RayP3PSWorker``; ``call`` / ``call_fn`` run the
+worker's methods), its conventions (``DEFAULT_GRADIENT_WORKER_NUM_CPUS``, ``gradient_worker_name``, ``configure``
 to reuse actors across runs) and object-store publishing.
 ``P3Config.credit_bytes`` (default four slices) is the ``p3`` policy's window per EMULATED link
 (``pdml_ray.p3.ps``: it hides the runtime's per-message cost behind the message ahead). Not modelled:
@@ -41,8 +41,8 @@ import ray
 import torch
 from torch import Tensor, nn
 
-from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS
-from pdml_ray.actors.p3_shard import RayP3PSWorker, launch_p3_shard, launch_p3_worker
+from pdml_ray.actors.gradient_worker import DEFAULT_GRADIENT_WORKER_NUM_CPUS
+from pdml_ray.actors.p3_ps import RayP3PSWorker, launch_p3_shard, launch_p3_worker
 from pdml_ray.config.p3 import P3Config
 from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.p3.link import LinkModel
@@ -91,7 +91,7 @@ class P3ParameterServer:
     """``num_workers`` worker actors and ``num_shards`` shard actors, reused across ``run`` calls."""
 
     def __init__(self, num_workers: int = 2, num_shards: int = 2, *, name_prefix: str | None = None,
-                 num_cpus_per_actor: float = DEFAULT_DP_WORKER_NUM_CPUS) -> None:
+                 num_cpus_per_actor: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS) -> None:
         if not ray.is_initialized():
             raise UsageError("P3ParameterServer needs a running Ray cluster: call ray.init() first")
         if num_workers < 1 or num_shards < 1:

@@ -1,6 +1,6 @@
 """Ray-actor pipeline runtime: stages x replicas of stage actors, driven by a scheduler's plan.
 
-One actor per (stage, replica) holds a copy of that stage (``pdml_ray.actors.stage`` around
+One actor per (stage, replica) holds a copy of that stage (``pdml_ray.actors.pipeline`` around
 ``StageWorker``). ``run_step`` asks the scheduler for the step's ``Plan`` and carries it out with the
 same ``Dispatcher`` rule the simulator uses: every idle replica asks the dispatcher for its next
 action, the driver submits it, and a ``ray.wait`` loop ``complete``s actions as they finish.
@@ -31,7 +31,7 @@ import torch
 from ray.exceptions import RayActorError
 from torch import Tensor, nn
 
-from pdml_ray.actors.stage import DEFAULT_STAGE_NUM_CPUS, launch_stage
+from pdml_ray.actors.pipeline import DEFAULT_STAGE_NUM_CPUS, launch_stage
 from pdml_ray.emulation import COMPUTE_MODES, EMULATION_NOTE, SLEEP_COMPUTE_NOTE, check_speed
 from pdml_ray.errors import ConfigError, PlanError, StateError, UsageError
 from pdml_ray.metrics import PriorityGauges, export_or_warn

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pdml_ray.client import LocalTransport, SchedulerClient
+from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
@@ -63,15 +63,16 @@ class ScheduledPlans:
         if in_process:
             self.config = config
             self.scheduler: Scheduler | None = Scheduler(config, sum(reps))
-            transport: Any = LocalTransport(self.scheduler)
+            transport: Any = LocalSchedulerTransport(self.scheduler)
         else:
-            from pdml_ray.actors.scheduler import RayTransport, create_scheduler
+            from pdml_ray.actors.scheduler import create_scheduler
+            from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
 
             name = config.scheduler_name or f"pdml-pipeline-{uuid.uuid4().hex[:8]}"
             self.config = config = _named(config, name)
             self.scheduler = None
             self._actor = create_scheduler(config, sum(reps))
-            transport = RayTransport(name, config.namespace)
+            transport = RaySchedulerTransport(name, config.namespace)
         self.client = SchedulerClient(transport)
         self.client.call("set_shape", "pipeline", self.shape)
         self.wait_s = 0.0

@@ -6,7 +6,7 @@ the small replies, in arrival order, until ``policy.ready``; then it fetches onl
 policy's ``Combination`` uses, sums them in float64, takes an SGD step and publishes again.
 
 - **Late results never pile up.** A worker gets a new task only by being sent the next step, and the
-  next step's call cuts the old one short inside the worker (``pdml_ray.actors.dp_worker``): the
+  next step's call cuts the old one short inside the worker (``pdml_ray.actors.gradient_worker``): the
   old call returns a ``cancelled`` reply at once and commits nothing. Replies tagged with an older
   step are dropped.
 - **Deaths are noticed, never waited on.** A call that fails with ``RayActorError`` marks its worker
@@ -51,8 +51,9 @@ import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 from torch import Tensor, nn
 
-from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, launch_dp_worker
-from pdml_ray.actors.scheduler import RayTransport, create_scheduler
+from pdml_ray.actors.gradient_worker import DEFAULT_GRADIENT_WORKER_NUM_CPUS, launch_gradient_worker
+from pdml_ray.actors.scheduler import create_scheduler
+from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
 from pdml_ray.config.stragglers import StragglerConfig
 from pdml_ray.decisions import WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, UsageError
@@ -75,7 +76,7 @@ class WorkerPool:
     """Worker actors kept across runs: ``StragglerRuntime`` configures the first ``n`` for its policy,
     and dead ones are replaced before the next run. Starting 8 actors costs seconds on 2 cores."""
 
-    def __init__(self, num_cpus_per_worker: float = DEFAULT_DP_WORKER_NUM_CPUS, name_prefix: str | None = None) -> None:
+    def __init__(self, num_cpus_per_worker: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS, name_prefix: str | None = None) -> None:
         self.num_cpus_per_worker, self.name_prefix = num_cpus_per_worker, name_prefix
         self.actors: list[Any] = []
         self._launched = 0
@@ -97,7 +98,7 @@ class WorkerPool:
 
     def _launch(self) -> Any:
         self._launched += 1
-        return launch_dp_worker(self._launched - 1, name_prefix=self.name_prefix, num_cpus=self.num_cpus_per_worker)
+        return launch_gradient_worker(self._launched - 1, name_prefix=self.name_prefix, num_cpus=self.num_cpus_per_worker)
 
     def shutdown(self) -> None:
         for a in self.actors:
@@ -111,7 +112,7 @@ class StragglerRuntime:
     def __init__(self, policy: StragglerPolicy, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, *,
                  lr: float, l2: float = 0.0, straggler_model: StragglerModel | None = None,
                  per_sample_s: float = 0.0, step_timeout_s: float = 30.0,
-                 num_cpus_per_worker: float = DEFAULT_DP_WORKER_NUM_CPUS, scheduler: Any = None,
+                 num_cpus_per_worker: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS, scheduler: Any = None,
                  pool: WorkerPool | None = None, metrics_name: str | None = "pdml-stragglers",
                  in_process_scheduler: bool = False) -> None:
         if not ray.is_initialized():
@@ -133,7 +134,7 @@ class StragglerRuntime:
                                                      getattr(policy, "fixed_weights", None)),
                                          scheduler_name=self.scheduler_name)
             self._scheduler_actor = create_scheduler(config, policy.num_workers)
-            self.feed = GradientFeed.for_policy(policy, transport=RayTransport(self.scheduler_name, config.namespace))
+            self.feed = GradientFeed.for_policy(policy, transport=RaySchedulerTransport(self.scheduler_name, config.namespace))
         else:
             self.feed = GradientFeed.for_policy(policy)
         self.pool = pool if pool is not None else WorkerPool(num_cpus_per_worker)

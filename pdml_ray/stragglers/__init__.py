@@ -16,7 +16,7 @@ partitions, and an aggregator combines whatever a policy says is enough. Pure co
     run.py        StepRecord / RunResult and the figures the benchmark reports
     problem.py    the convex test problem (L2-regularised logistic regression on generated data)
 
-The Ray shells: ``pdml_ray.actors.dp_worker`` (worker actor) and ``pdml_ray.runtime.stragglers``
+The Ray shells: ``pdml_ray.actors.gradient_worker`` (worker actor) and ``pdml_ray.runtime.stragglers``
 (the aggregator's loop); the benchmark: ``pdml-ray bench stragglers``. Gradient target everywhere:
 the mean over the data partitions of the partition gradients (the full-batch gradient).
 """

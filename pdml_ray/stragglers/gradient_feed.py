@@ -4,7 +4,7 @@ The step's completed worker reports go to a ``Scheduler`` whose only axis is the
 same ``GradientPriorityDeriver`` the Ray Train path runs; no node section: without one it measures each
 worker's rate itself for the node-health term), through ``SchedulerClient`` over a transport: the
 straggler runtime passes the run's scheduler actor (so the run shows in ``pdml-ray status`` and the
-metrics), the simulator an in-process scheduler (``LocalTransport``) on the same code path.
+metrics), the simulator an in-process scheduler (``LocalSchedulerTransport``) on the same code path.
 
 Every ``interval`` steps the buffered reports go out and the next ``GradientDecision`` is requested;
 the aggregator never waits for it: it is adopted (``policy.adopt``) at the first step its answer is
@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pdml_ray.client import LocalTransport, SchedulerClient, Transport
+from pdml_ray.client import LocalSchedulerTransport, SchedulerClient, SchedulerTransport
 from pdml_ray.config import GradientPriorityConfig, PDMLConfig
 from pdml_ray.decisions import Boundary, GradientDecision, WorkerReport
 from pdml_ray.scheduler import Scheduler
@@ -43,13 +43,13 @@ class GradientFeed:
 
     def __init__(self, config: GradientPriorityConfig, num_workers: int, *, interval: int = 5,
                  fixed_weights: tuple[float, float, float] | None = None, seed: int = 0,
-                 transport: Transport | None = None) -> None:
+                 transport: SchedulerTransport | None = None) -> None:
         self.pdml_config = feed_config(config, seed, fixed_weights)
         self.config, self.interval, self.fixed_weights = self.pdml_config.gradient_priority, int(interval), fixed_weights
         self.scheduler: Scheduler | None = None
         if transport is None:  # in this process (the simulator)
             self.scheduler = Scheduler(self.pdml_config, num_workers)
-            transport = LocalTransport(self.scheduler)
+            transport = LocalSchedulerTransport(self.scheduler)
         self.client = SchedulerClient(transport)
         self.since: dict[str, int] = {}
         self.cost_s = 0.0

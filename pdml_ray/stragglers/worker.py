@@ -1,7 +1,7 @@
 """A data-parallel worker's logic, without Ray: hold a model replica and partitions, compute partition
 gradients at given parameters, keep the latest one per partition, build the coded message.
 
-``run(step, params, task)`` is what the Ray actor (``pdml_ray.actors.dp_worker``) calls: real
+``run(step, params, task)`` is what the Ray actor (``pdml_ray.actors.gradient_worker``) calls: real
 forward/backward for each partition in ``task.compute``, then an EMULATED compute time of
 ``samples x per_sample_s x factor(worker, step)`` from the straggler model, slept in a way that a
 newer step cuts short (``announce``): a cancelled step commits nothing and returns no message, so a

@@ -14,7 +14,8 @@ import ray
 import torch
 from ray.exceptions import RayError
 
-from pdml_ray.actors.scheduler import RayTransport, create_scheduler
+from pdml_ray.actors.scheduler import create_scheduler
+from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.config.training import check_ray_train
@@ -50,7 +51,7 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     device = ray.train.torch.get_device()
     accel = detect_accelerator_type(device, list(pdml_config.node.accelerator_prior()))
     assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
-    client = SchedulerClient(RayTransport(pdml_config.scheduler_name, pdml_config.namespace))
+    client = SchedulerClient(RaySchedulerTransport(pdml_config.scheduler_name, pdml_config.namespace))
     context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
     context.report_fn = ray.train.report
     checkpoint = ray.train.get_checkpoint()  # a restart after a failure, or resume_from_checkpoint

@@ -11,7 +11,8 @@ import ray.train
 import torch
 import torch.nn.functional as F
 
-from pdml_ray.actors.scheduler import SNAPSHOT_INTERVAL_S, SnapshotStore, create_scheduler, find_scheduler
+from pdml_ray.actors.scheduler import SNAPSHOT_INTERVAL_S, create_scheduler, find_scheduler
+from pdml_ray.actors.snapshot_store import SnapshotStore
 from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.decisions import Boundary, WorkerReport
 from pdml_ray.train import PDMLTrainer, get_context

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pdml_ray.client import LocalTransport, SchedulerClient
+from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
 from pdml_ray.config import NodePriorityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.decisions import WorkerReport
 from pdml_ray.scheduler import Scheduler
@@ -25,7 +25,7 @@ class BundleAnswer(tuple):
     """A pending bundle answer (the only calls this transport makes late)."""
 
 
-class TwoWorkers(LocalTransport):
+class TwoWorkers(LocalSchedulerTransport):
     """Rank 0's calls go to the scheduler; each report flush also brings worker 1's reports. With
     ``late``, bundle answers arrive only at the boundary after the one they were asked for, half the time."""
 

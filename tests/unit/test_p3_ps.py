@@ -1,5 +1,5 @@
 """Runtime 1's core without Ray: shards (round-robin slices, sliced SGD) and P3 workers in threads over
-``LocalTransport`` train the same parameters as single-process SGD on the same global batches, under
+``LocalShardTransport`` train the same parameters as single-process SGD on the same global batches, under
 every send policy; an EMULATED slow link makes P3's forward of layer 0 start before the last update
 arrives."""
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pdml_ray.errors import PlanError
 from pdml_ray.p3.link import LinkModel
 from pdml_ray.p3.ps import P3PSWorker, layer_plan, model_layers
-from pdml_ray.p3.shard import LocalTransport, SGDSettings, ShardState, shard_of
+from pdml_ray.p3.shard import LocalShardTransport, SGDSettings, ShardState, shard_of
 from pdml_ray.p3.slicing import flatten_layer
 
 STEPS, SIZES = 5, (20, 12)  # global batch 32, unequal shares
@@ -41,7 +41,7 @@ def train_ps(policy: str, num_shards: int, link: LinkModel | None = None, answer
     plan = layer_plan(small_model(), 300)
     layers = [flatten_layer(ps) for _, _, ps in model_layers(small_model())]
     shards = [ShardState(s, num_shards, plan, layers, len(SIZES), sgd) for s in range(num_shards)]
-    transport = LocalTransport(shards) if not answer_delay_s else SlowTransport(LocalTransport(shards), answer_delay_s)
+    transport = LocalShardTransport(shards) if not answer_delay_s else SlowTransport(LocalShardTransport(shards), answer_delay_s)
     workers = [P3PSWorker(w, small_model(), F.cross_entropy, x, y, batches(w), transport, num_shards, policy=policy,
                           slice_elements=300, bucket_bytes=2000, link=link, **kwargs) for w in range(len(SIZES))]
     runs = [None, None]
@@ -59,10 +59,10 @@ def train_ps(policy: str, num_shards: int, link: LinkModel | None = None, answer
 
 
 class SlowTransport:
-    """``LocalTransport`` whose answers (the updated slices) come back ``delay_s`` late, as a slow Ray
+    """``LocalShardTransport`` whose answers (the updated slices) come back ``delay_s`` late, as a slow Ray
     round trip would."""
 
-    def __init__(self, inner: LocalTransport, delay_s: float) -> None:
+    def __init__(self, inner: LocalShardTransport, delay_s: float) -> None:
         self.inner, self.delay_s = inner, delay_s
 
     def push(self, shard, step, worker, slice_ids, grads):

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pdml_ray.client import LocalTransport, SchedulerClient
+from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
 from pdml_ray.config import NodePriorityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, WorkerReport
 from pdml_ray.errors import ReportError, StateError
@@ -146,7 +146,7 @@ def test_state_round_trip_typed_stats_and_telemetry_columns():
 
 def test_the_client_over_an_in_process_transport_polls_bundles_and_reports():
     s = Scheduler(_config(), 2)
-    client = SchedulerClient(LocalTransport(s))
+    client = SchedulerClient(LocalSchedulerTransport(s))
     client.report(_reports(0, [300.0, 100.0]))
     client.request(_b(5), {"node": 0})
     client.request(_b(10), {"node": 0})  # one request in flight at a time: this one is not sent

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from pdml_ray.client import LocalTransport, SchedulerClient
+from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
 from pdml_ray.config import GradientPriorityConfig, NodePriorityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.decisions import (Boundary, GradientDecision, NodeDecision, SampleDecision, SamplePlan, StepBundle,
                                 WorkerReport)
@@ -161,7 +161,7 @@ def test_what_the_format_cannot_hold_is_refused_when_saving():
 
 
 # -- the checkpoint file through the context ----------------------------------------------------------
-class _Recorder(LocalTransport):
+class _Recorder(LocalSchedulerTransport):
     """The in-process scheduler, with the calls that reached it."""
 
     def __init__(self, scheduler):
@@ -399,7 +399,9 @@ def _restarted(snapshot_store):
 def test_the_snapshot_is_data_in_chunks_and_a_restarted_actor_restores_it(monkeypatch, kv):
     from pdml_ray.actors import scheduler as actor_module
 
-    monkeypatch.setattr(actor_module, "SNAPSHOT_CHUNK_BYTES", 4096)
+    from pdml_ray.actors import snapshot_store
+
+    monkeypatch.setattr(snapshot_store, "SNAPSHOT_CHUNK_BYTES", 4096)
     original = actor_module.MeteredScheduler(_config(), 2, snapshots=False)
     original.set_dataset_size(N)
     _drive(original, range(40), seed=0)
@@ -415,7 +417,7 @@ def test_the_snapshot_is_data_in_chunks_and_a_restarted_actor_restores_it(monkey
 
 @pytest.mark.parametrize("planted", ["manifest", "blob"])
 def test_a_planted_pickle_in_the_kv_is_refused_without_running(kv, tmp_path, caplog, planted):
-    from pdml_ray.actors.scheduler import SnapshotStore
+    from pdml_ray.actors.snapshot_store import SnapshotStore
 
     marker = tmp_path / "ran"
     store = SnapshotStore("run", "ns")

@@ -3,15 +3,15 @@
 - ``P3ShardActor``: an asyncio actor around ``pdml_ray.p3.shard.ShardState``. ``push`` adds one worker's
   gradient slices and returns the updated values once every worker has pushed them: each call is
   one coroutine awaiting its slices' events, so thousands can wait at once without threads.
-- Workers: the straggler-tolerant runtime's own actor shell (``pdml_ray.actors.dp_worker.DPWorker``,
-  launched by ``launch_dp_worker``) configured with ``worker_cls=RayP3PSWorker``: a
+- Workers: the straggler-tolerant runtime's own actor shell (``pdml_ray.actors.gradient_worker.GradientWorkerHost``,
+  launched by ``launch_gradient_worker``) configured with ``worker_cls=RayP3PSWorker``: a
   ``pdml_ray.p3.ps.P3PSWorker`` (a model replica, this worker's share of every global batch, the
-  hooks, the EMULATED links) whose transport to the shards is ``RayTransport``: one fire-and-forget
+  hooks, the EMULATED links) whose transport to the shards is ``RayShardTransport``: one fire-and-forget
   actor call per layer (or message) and shard, the returned ObjectRef's ``future()`` is the pull.
 
 The conventions are the straggler-tolerant runtime's: a fraction of a CPU per actor,
 ``max_restarts=0``, ``configure`` (re)builds the core object so one set of actors serves several runs,
-names from ``dp_worker_name``; the data set is published once with ``ray.put`` and passed by
+names from ``gradient_worker_name``; the data set is published once with ``ray.put`` and passed by
 reference.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import ray
 from torch import Tensor, nn
 
-from pdml_ray.actors.dp_worker import DEFAULT_DP_WORKER_NUM_CPUS, launch_dp_worker
+from pdml_ray.actors.gradient_worker import DEFAULT_GRADIENT_WORKER_NUM_CPUS, launch_gradient_worker
 from pdml_ray.errors import UsageError
 from pdml_ray.p3.ps import LossFn, P3PSWorker, WorkerRun
 from pdml_ray.p3.shard import SGDSettings, ShardState
@@ -75,8 +75,8 @@ class P3Shard:
         return {sid: self.state.value(sid) for sid in self.state.values}
 
 
-class RayTransport:
-    """``pdml_ray.p3.shard.Transport`` over shard actor handles."""
+class RayShardTransport:
+    """``pdml_ray.p3.shard.ShardTransport`` over shard actor handles."""
 
     def __init__(self, shards: Sequence[Any]) -> None:
         self.shards = list(shards)
@@ -86,13 +86,13 @@ class RayTransport:
 
 
 class RayP3PSWorker(P3PSWorker):
-    """A ``P3PSWorker`` reaching the shards through Ray (``RayTransport`` over their handles), one torch
-    thread; hosted by the straggler runtime's actor shell: ``DPWorker.configure(worker, model, loss_fn,
+    """A ``P3PSWorker`` reaching the shards through Ray (``RayShardTransport`` over their handles), one torch
+    thread; hosted by the straggler runtime's actor shell: ``GradientWorkerHost.configure(worker, model, loss_fn,
     x, y, batches, shards, worker_cls=RayP3PSWorker, **P3PSWorker's keyword arguments)``."""
 
     def __init__(self, worker: int, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
                  batches: list[tuple[int, int, float]], shards: list[Any], **kwargs: Any) -> None:
-        super().__init__(worker, model, loss_fn, x, y, batches, RayTransport(shards), len(shards), num_threads=1,
+        super().__init__(worker, model, loss_fn, x, y, batches, RayShardTransport(shards), len(shards), num_threads=1,
                          **kwargs)
 
     def train_and_parameters(self) -> tuple[WorkerRun, Tensor]:
@@ -105,7 +105,7 @@ P3ShardActor = ray.remote(P3Shard)
 
 
 def launch_p3_shard(index: int, *, name_prefix: str | None = None,
-                    num_cpus: float = DEFAULT_DP_WORKER_NUM_CPUS) -> Any:
+                    num_cpus: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS) -> Any:
     options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 1000}
     if name_prefix is not None:
         options["name"] = f"{name_prefix}-p3-shard{index}"
@@ -113,8 +113,8 @@ def launch_p3_shard(index: int, *, name_prefix: str | None = None,
 
 
 def launch_p3_worker(index: int, *, name_prefix: str | None = None,
-                     num_cpus: float = DEFAULT_DP_WORKER_NUM_CPUS) -> Any:
-    """A worker actor of the straggler runtime's shell (``DPWorker``), to configure with
+                     num_cpus: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS) -> Any:
+    """A worker actor of the straggler runtime's shell (``GradientWorkerHost``), to configure with
     ``worker_cls=RayP3PSWorker``."""
-    return launch_dp_worker(index, name_prefix=f"{name_prefix}-p3" if name_prefix is not None else None,
+    return launch_gradient_worker(index, name_prefix=f"{name_prefix}-p3" if name_prefix is not None else None,
                             num_cpus=num_cpus)

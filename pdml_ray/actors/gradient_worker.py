@@ -11,7 +11,7 @@ An EMULATED death (``straggler_model.death_step``) exits the actor's process at 
 reports it to the aggregator as ``ActorDiedError``, as it would a crashed node.
 
 The same shell hosts other data-parallel workers: ``configure(..., worker_cls=C)`` builds a ``C``
-instead of a ``GradientWorker`` (the P3 parameter-server runtime's ``pdml_ray.actors.p3_shard.RayP3PSWorker``),
+instead of a ``GradientWorker`` (the P3 parameter-server runtime's ``pdml_ray.actors.p3_ps.RayP3PSWorker``),
 ``call(method, ...)`` runs one of its methods and ``call_fn(fn, ...)`` a function in the actor.
 """
 
@@ -29,10 +29,10 @@ from pdml_ray.stragglers.policy import WorkerTask
 from pdml_ray.stragglers.worker import GradientWorker, WorkerReply
 
 # Workers mostly sleep (emulated compute); a fraction of a CPU lets 8 of them share 2 cores.
-DEFAULT_DP_WORKER_NUM_CPUS = 0.25
+DEFAULT_GRADIENT_WORKER_NUM_CPUS = 0.25
 
 
-class DPWorker:
+class GradientWorkerHost:
     """The actor: a ``GradientWorker`` plus the emulated death. ``configure`` (re)builds the worker, so
     one pool of actors serves several runs (starting an actor costs seconds; configuring it does not)."""
 
@@ -49,7 +49,7 @@ class DPWorker:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``method`` of the configured worker (for workers other than ``GradientWorker``)."""
         if self.worker is None:
-            raise UsageError(f"DPWorker.call({method!r}) before configure(): the runtime configures every worker first")
+            raise UsageError(f"GradientWorkerHost.call({method!r}) before configure(): the runtime configures every worker first")
         return getattr(self.worker, method)(*args, **kwargs)
 
     def call_fn(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -65,7 +65,7 @@ class DPWorker:
     def run(self, step: int, params: Tensor, task: WorkerTask, *old_params: Tensor) -> tuple[Tensor, WorkerReply]:
         worker = self.worker
         if not isinstance(worker, GradientWorker):
-            raise UsageError("DPWorker.run needs a GradientWorker: configure() it first (without another worker_cls)")
+            raise UsageError("GradientWorkerHost.run needs a GradientWorker: configure() it first (without another worker_cls)")
         if worker.dies_at(step):
             os._exit(1)  # EMULATED death: the process goes away mid-step, as a crashed node's would
         return worker.run(step, params, task, *old_params)
@@ -83,18 +83,18 @@ class DPWorker:
             self.worker.announce(2**62)
 
 
-DPWorkerActor = ray.remote(DPWorker)
+GradientWorkerActor = ray.remote(GradientWorkerHost)
 
 
-def dp_worker_name(prefix: str, worker: int) -> str:
+def gradient_worker_name(prefix: str, worker: int) -> str:
     return f"{prefix}-dp-worker{worker}"
 
 
-def launch_dp_worker(index: int, *, name_prefix: str | None = None,
-                     num_cpus: float = DEFAULT_DP_WORKER_NUM_CPUS) -> Any:
+def launch_gradient_worker(index: int, *, name_prefix: str | None = None,
+                     num_cpus: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS) -> Any:
     """Start one (unconfigured) worker actor and return its handle; ``configure`` gives it a worker id,
     model and partitions."""
     options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 4}
     if name_prefix is not None:
-        options["name"] = dp_worker_name(name_prefix, index)
-    return DPWorkerActor.options(**options).remote()
+        options["name"] = gradient_worker_name(name_prefix, index)
+    return GradientWorkerActor.options(**options).remote()
