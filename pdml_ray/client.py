@@ -137,7 +137,6 @@ class SchedulerClient:
         # or in a call that failed (the scheduler died with it in flight: it restarts from its last snapshot)
         self.reports_coalesced = 0  # reports that waited for a later call (the scheduler was behind)
         self.report_calls_failed = 0  # report calls that failed (their reports are counted in reports_dropped)
-        self.pack_reports = True  # send PackedReports (False: lists of WorkerReport, the older wire format)
 
     @property
     def available(self) -> bool:
@@ -209,7 +208,7 @@ class SchedulerClient:
                 log.warning("the pdml-ray scheduler is behind: %d reports dropped so far", self.reports_dropped)
             return
         held, self._held = self._held, []
-        pending = self._send("report", PackedReports.pack(held) if self.pack_reports else held)
+        pending = self._send("report", PackedReports.pack(held))
         if pending is None:
             self.reports_dropped += len(held)
         else:

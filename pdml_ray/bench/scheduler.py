@@ -12,8 +12,7 @@ working size; its memory before it is reported as ``rss_mb_cold``), then three p
    the start, every ~10 s and at the end of the phase (``--duration`` seconds, default 60, quick 15):
    the series shows whether memory grows or levels off.
 2. **saturated**: every simulated worker reports as fast as its client lets it; the sustained rate is
-   the scheduler's own count of accepted reports over the phase. Then the same again with the clients
-   sending the older wire format (lists of ``WorkerReport`` instead of ``PackedReports``), side by side.
+   the scheduler's own count of accepted reports over the phase.
 3. **plain class**: the same reports straight into an in-process ``Scheduler`` (no Ray), for reference.
 
 The workers are simulated (their reports are generated, not measured), the actor, Ray's calls and the
@@ -69,11 +68,6 @@ class LoadGenerator:
         self.pending: dict[int, list[Any]] = {w: [] for w in worker_ids}
         self.rng = np.random.default_rng(seed)
         self.step = 0
-
-    def set_packing(self, pack: bool) -> None:
-        """Send ``PackedReports`` (the default) or lists of ``WorkerReport`` (the older wire format)."""
-        for client in self.clients.values():
-            client.pack_reports = pack
 
     def run(self, seconds: float, hz: float) -> dict[str, int]:
         end = time.monotonic() + seconds
@@ -202,19 +196,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paced = ray.get(runs)
         t1, n1 = received()
         rss_start, rss_end = rss_series[0], rss_series[-1]
-        print(f"phase 2/3: saturated for {saturate_s:g} s, then as long with the older wire format ...", flush=True)
+        print(f"phase 2/3: saturated for {saturate_s:g} s ...", flush=True)
         runs = [f.run.remote(saturate_s, 0.0) for f in fleets]
         saturated_latencies = _probe(handle, saturate_s, args.workers, interval)
         saturated = ray.get(runs)
         t3, n3 = received()
         time.sleep(1.0)  # what was in flight when the generators stopped
         t4, n4 = received()
-        ray.get([f.set_packing.remote(False) for f in fleets])
-        runs = [f.run.remote(saturate_s, 0.0) for f in fleets]
-        _probe(handle, saturate_s, args.workers, interval)
-        saturated += ray.get(runs)
-        time.sleep(1.0)
-        t5, n5 = received()
         snapshots = ray.get(handle.snapshot_info.remote())
         ray.get(handle.close.remote())
     finally:
@@ -229,7 +217,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "offered_reports_per_s": offered,
         "paced_reports_per_s": (n1 - n0) / (t1 - t0),
         "reports_per_s": (n4 - n1) / (t4 - t1),
-        "reports_per_s_unpacked": (n5 - n4) / (t5 - t4),
         "decision_latency_p50_s": float(np.percentile(latencies, 50)),
         "decision_latency_p99_s": float(np.percentile(latencies, 99)),
         "saturated_decision_latency_p99_s": float(np.percentile(saturated_latencies, 99)),
@@ -257,7 +244,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = [["offered load (reports/s, paced)", offered],
             ["accepted (reports/s, paced)", result["paced_reports_per_s"]],
             ["sustained (reports/s, saturated)", result["reports_per_s"]],
-            ["sustained, older wire format (lists of WorkerReport)", result["reports_per_s_unpacked"]],
             ["decision latency p50 / p99 (ms), paced",
              f"{result['decision_latency_p50_s'] * 1e3:.2f} / {result['decision_latency_p99_s'] * 1e3:.2f}"],
             ["decision latency p99 (ms), saturated", result["saturated_decision_latency_p99_s"] * 1e3],

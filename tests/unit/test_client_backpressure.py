@@ -129,7 +129,4 @@ def test_reports_travel_packed_and_read_back_whole():
     client.report(sent)
     packed = transport.calls[-1][1][0]
     assert isinstance(packed, PackedReports) and list(packed.reports()) == sent
-    client.pack_reports = False  # the older wire format still works
-    transport.finish(1)
-    client.report(_reports(1))
-    assert transport.calls[-1][1][0] == _reports(1)
+
