@@ -48,7 +48,7 @@ from pdml_ray.decisions import MAX_STEP, Boundary, Decision, Rejection, StepBund
 from pdml_ray.errors import ConfigError, PDMLError, PlanError, ReportError, StateError
 from pdml_ray.priority.base import Deriver
 from pdml_ray.priority.registry import DERIVERS, make_derivers
-from pdml_ray.scheduler_stats import (_LOG_COLUMNS, _RECENT_ROWS_PER_WORKER, ReportLog, SchedulerStats,
+from pdml_ray.scheduler_stats import (InputLog, _LOG_COLUMNS, _RECENT_ROWS_PER_WORKER, ReportLog, SchedulerStats,
                                       recent_worker_times)
 from pdml_ray.state_format import check_decision
 
@@ -105,6 +105,8 @@ class Scheduler:
         self.decision_requests = 0  # bundle() calls
         self.last_decision_s = float("nan")  # the newest bundle() call's time (seconds)
         self._log = ReportLog(max_log_rows)
+        self.inputs: InputLog | None = InputLog(config.replay_log) if config.replay_log else None
+        """What this scheduler took, in order, for ``pdml_ray.replay`` (``PDMLConfig.replay_log``; None: off)."""
         self.measurements: dict[str, float] = {}  # named one-off measurements from workers (e.g. comm_s)
         for name, deriver in self.derivers.items():
             initial = deriver.initial()
@@ -120,6 +122,8 @@ class Scheduler:
         if not isinstance(accelerator_type, str):
             raise ReportError("register: accelerator_type must be a string such as 'A100', got "
                               f"{_shown(accelerator_type)}")
+        if self.inputs is not None:
+            self.inputs.record("register", worker_id, accelerator_type)
         for deriver in self.derivers.values():
             deriver.on_register(worker_id, accelerator_type)
 
@@ -142,13 +146,18 @@ class Scheduler:
         if self.num_samples == num_samples:
             return
         self.num_samples = num_samples
+        if self.inputs is not None:
+            self.inputs.record("dataset", num_samples)
         for deriver in self.derivers.values():
             deriver.on_dataset(num_samples)
 
     def set_shape(self, axis: str, shape: Mapping[str, Any]) -> None:
         """A runtime announces the shape axis ``axis`` plans for (the pipeline runtime: its stages,
         replicas per stage and micro-batches per step); ReportError if the axis is off or refuses it."""
-        self._axis(axis).on_shape(shape)
+        deriver = self._axis(axis)
+        if self.inputs is not None:
+            self.inputs.record("shape", axis, dict(shape) if isinstance(shape, Mapping) else shape)
+        deriver.on_shape(shape)
 
     def observe(self, axis: str, step: int, rows: Sequence[Any]) -> bool:
         """One step's telemetry for axis ``axis`` beyond worker reports (the pipeline runtime: each action's
@@ -156,6 +165,8 @@ class Scheduler:
         malformed observation is refused and counted like a malformed report (False), never half-used."""
         deriver = self._axis(axis)
         t0 = time.perf_counter()
+        if self.inputs is not None:
+            self.inputs.record("observe", axis, step, rows)
         try:
             rejection = deriver.observation_rejection(rows)
         except Exception as e:  # noqa: BLE001 - an observation no check can read is refused
@@ -188,6 +199,11 @@ class Scheduler:
         counted by kind, and the rest of the batch is applied. Idle reports (0 samples) are logged.
         """
         t0 = time.perf_counter()
+        if self.inputs is not None:
+            self.inputs.record("report", list(reports.rows) if isinstance(reports, PackedReports) and
+                               isinstance(reports.rows, (list, tuple)) else
+                               PackedReports.pack(reports).rows if isinstance(reports, list) and
+                               all(isinstance(r, WorkerReport) for r in reports) else reports)
         accepted, rows = [], []
         last_step, received = self.last_step, 0
         checks = self._deriver_checks
@@ -307,6 +323,9 @@ class Scheduler:
         self.last_decision_s = time.perf_counter() - t0
         self.decision_s += self.last_decision_s
         self.decision_requests += 1
+        if self.inputs is not None:
+            self.inputs.record("bundle", boundary.first_step, boundary.num_steps, tuple(boundary.batch_sizes),
+                               dict(since), {name: decision_data(d) for name, d in out.items()})
         return StepBundle(out)
 
     def _check_decision(self, name: str, decision: object) -> None:
@@ -491,3 +510,9 @@ def _checked_counters(counters: Any) -> dict[str, Any]:
         raise StateError(f"saved scheduler counters are malformed: {_shown(counters, 200)}; counts must be integers >= 0 "
                          "(last_step >= -1), rejection reasons strings")
     return counters
+
+
+def decision_data(decision: Decision) -> Any:
+    """A published decision as plain data, to compare a replay against (``InputLog``)."""
+    to_dict = getattr(decision, "to_dict", None)
+    return to_dict() if to_dict is not None else repr(decision)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -216,3 +218,22 @@ class ReportLog:
         """A copy of the kept rows, oldest first."""
         n, cap = self._next, len(self._rows)
         return self._rows[:n].copy() if n <= cap else np.roll(self._rows, -(n % cap), axis=0)
+
+
+class InputLog:
+    """The scheduler's inputs in the order it took them, for a deterministic replay (``pdml_ray.replay``).
+
+    Each event is ``(kind, args...)``: ``("register", worker, type)``, ``("dataset", n)``, ``("shape", axis,
+    shape)``, ``("report", rows)`` (packed report rows, as sent), ``("observe", axis, step, rows)`` and
+    ``("bundle", first_step, num_steps, batch_sizes, since, decided)`` with ``decided`` the decisions
+    the request returned, as dicts, to compare a replay against. Bounded: past ``maxlen`` events the
+    oldest go, and ``dropped`` says how many (a replay then cannot start from the beginning)."""
+
+    def __init__(self, maxlen: int) -> None:
+        self.events: deque[tuple] = deque(maxlen=maxlen)
+        self.dropped = 0
+
+    def record(self, *event: Any) -> None:
+        if len(self.events) == self.events.maxlen:
+            self.dropped += 1
+        self.events.append(event)

@@ -48,6 +48,9 @@ class PDMLConfig:
     priority order with per-layer optimizer steps (``pdml_ray.train.p3_sync``), and the simulator's settings."""
     seed: int = 0
     """Seed of the global permutation and of every random draw the scheduler makes."""
+    replay_log: int = 0
+    """Most inputs (reports, observations, shapes, decision requests) the scheduler keeps for a
+    deterministic replay of every axis (``pdml_ray.replay``); 0 (the default) keeps none."""
     scheduler_name: str | None = None
     """Name of the run's scheduler actor (``pdml-ray status --name``). None: ``PDMLTrainer.fit()`` names
     it after the run (``RunConfig.name``) or, without one, a fresh unique name, so concurrent runs on
@@ -57,6 +60,7 @@ class PDMLConfig:
 
     def __post_init__(self) -> None:
         check_range(self.seed, "seed", 0, 2**63 - 1, whole=True, hint="of numpy's and torch's generators")
+        check_range(self.replay_log, "replay_log", 0, 10**7, whole=True, hint="scheduler inputs kept; 0 = none")
         for f in dataclasses.fields(self):  # sections: the right config class (or None where optional)
             section = _SECTIONS.get(f.name)
             value = getattr(self, f.name)

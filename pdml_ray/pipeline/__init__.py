@@ -1,4 +1,4 @@
-"""Pipeline scheduling: plans over stages x replicas, static schedules, osprey, simulator, replay.
+"""Pipeline scheduling: plans over stages x replicas, static schedules, osprey, simulator.
 
 Pure python/numpy; nothing here imports ray. The Ray-actor runtime (``pdml_ray.runtime.pipeline``)
 runs the same ``Plan`` objects through the same ``Dispatcher`` as the simulator.

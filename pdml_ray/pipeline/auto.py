@@ -8,7 +8,7 @@ Rule (thresholds in ``PipelineConfig``), evaluated after every observed step:
   1 - total work / (makespan x replicas); above ``auto_bubble_threshold`` (30%) reordering may help.
 Static when dispersion < threshold and the bubble trigger does not fire; osprey otherwise. Before
 any measurement: static. The decision and its reason are a frozen ``AutoDecision``
-(``last_decision``), logged by replay.
+(``last_decision``), carried in every ``MicroBatchPlan``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ measure -> derive -> decide, once per global step:
    makespan on the same EMA costs is shorter (greedy list scheduling is not optimal; with one replica per stage 1F1B's
    fixed alternation can beat it).
 Before any measurement the plan is the static warm-start plan (``OspreyConfig.warm_start``).
-What was decided and why is a frozen ``OspreyDecision`` (``last_decision``), logged by replay.
+What was decided and why is a frozen ``OspreyDecision`` (``last_decision``), carried in every ``MicroBatchPlan``.
 Everything is deterministic given the measurements, so replay reproduces plans exactly.
 """
 

@@ -182,7 +182,8 @@ class PipelineScheduler(Protocol):
     """What every schedule implements: a plan per step, measurements back after it, replayable state.
 
     Static schedules have ``last_decision = None`` and (but for critical-path's cost estimates) an
-    empty state; ``replay`` relies on the whole protocol and probes for nothing.
+    empty state; the pipeline axis (``pdml_ray.priority.pipeline``) saves, restores and replays
+    (``pdml_ray.replay``) a schedule through this whole protocol and probes for nothing.
     """
 
     name: str

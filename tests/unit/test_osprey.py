@@ -12,7 +12,6 @@ from pdml_ray.pipeline.auto import AutoDecision, AutoScheduler, latency_dispersi
 from pdml_ray.pipeline.osprey import OspreyDecision, OspreyScheduler
 from pdml_ray.pipeline.plan import Kind, Measurement, validate
 from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
-from pdml_ray.pipeline.replay import RecordingScheduler, replay, replay_step
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, simulate_schedule
 
 F, B = Kind.FORWARD, Kind.BACKWARD
@@ -124,31 +123,6 @@ def test_latency_dispersion_is_coefficient_of_variation() -> None:
     assert latency_dispersion([[[1.0, 2.0], [2.0, 4.0]], [[1.0, 1.0]]]) == pytest.approx(1.5 / 4.5)
 
 
-@pytest.mark.parametrize("name", ["osprey", "auto", "critical-path", "1f1b", "gpipe"])
-def test_replay_reproduces_every_plan_exactly(name: str) -> None:
-    config = PipelineConfig(memory_limit=3)
-    scheduler = make_scheduler(name, stages=3, replicas=2, microbatches=8, config=config)
-    rec = RecordingScheduler(scheduler, stages=3, replicas=2, microbatches=8, config=config)
-    profile = ClusterProfile.build(3, 2, profile="noisy", speeds=((1, 0.6), (1, 1), (0.8, 1)), memory_limit=3)
-    simulate_schedule(rec, PipelineSimulator(profile, seed=5), 5)
-    log = json.loads(rec.to_json())  # through JSON, as it would be stored
-    plans = replay(log)
-    assert [p.to_dict() for p in plans] == [r["plan"] for r in log["steps"]]
-    assert replay_step(log, 3).to_dict() == log["steps"][3]["plan"]
-    assert all("measurements" in r and "decision" in r for r in log["steps"])
-    decisions = [r["decision"] for r in log["steps"]]
-    if name in ("osprey", "auto"):  # the logged records come back as the scheduler's own
-        record = {"osprey": OspreyDecision, "auto": AutoDecision}[name]
-        assert [record.from_dict(d).to_dict() for d in decisions] == decisions
-    else:
-        assert decisions == [None] * 5 and scheduler.last_decision is None
-    # A tampered measurement changes later plans, and replay says where.
-    if name == "osprey":
-        log["steps"][1]["measurements"][0][4] *= 50.0
-        with pytest.raises(PlanError, match="replay diverged at step 2"):
-            replay(log)
-
-
 def test_configs_reject_bad_values_with_fixes() -> None:
     with pytest.raises(ConfigError, match=r"osprey.ema_alpha must be a number in \(0, 1\]"):
         OspreyConfig(ema_alpha=0.0)
@@ -162,19 +136,6 @@ def test_configs_reject_bad_values_with_fixes() -> None:
         PipelineConfig(stage_costs=[(1.0, 2.0), (1.0, -1.0)])
     assert PipelineConfig().auto_dispersion_threshold == 0.05 and PipelineConfig().auto_bubble_threshold == 0.30
     validate(make_scheduler("osprey", stages=2, replicas=1, microbatches=2).plan(0))
-
-
-def test_replay_log_survives_a_file_round_trip(tmp_path) -> None:
-    from pdml_ray.pipeline.replay import load
-
-    config = PipelineConfig(memory_limit=2, stage_costs=[(1.0, 2.0), (2.0, 3.0)], osprey=OspreyConfig(momentum=0.3))
-    rec = RecordingScheduler(make_scheduler("osprey", stages=2, replicas=2, microbatches=4, config=config),
-                             stages=2, replicas=2, microbatches=4, config=config)
-    simulate_schedule(rec, PipelineSimulator(ClusterProfile.build(2, 2, profile="heterogeneous", memory_limit=2)), 3)
-    rec.save(tmp_path / "log.json")
-    log = load(tmp_path / "log.json")
-    assert log["header"]["config"]["osprey"]["momentum"] == 0.3
-    assert [p.to_dict() for p in replay(log)] == [r["plan"] for r in log["steps"]]
 
 
 def _decisions_over_a_run(replicas: tuple[int, ...]) -> list:
@@ -234,27 +195,3 @@ def test_every_scheduler_implements_the_whole_protocol(name: str) -> None:
     assert b.plan(2) == a.plan(2) and b.last_decision == a.last_decision
 
 
-def test_replay_refuses_a_log_that_does_not_fit() -> None:
-    config = PipelineConfig(memory_limit=2)
-    rec = RecordingScheduler(make_scheduler("osprey", stages=2, replicas=2, microbatches=4, config=config),
-                             stages=2, replicas=2, microbatches=4, config=config)
-    simulate_schedule(rec, PipelineSimulator(ClusterProfile.build(2, 2, profile="noisy", memory_limit=2)), 3)
-    log = json.loads(rec.to_json())
-    with pytest.raises(StateError, match="step record 7 is not in the log, which has 3; pass 0..2"):
-        replay_step(log, 7)
-    wider = json.loads(rec.to_json())
-    wider["header"]["replicas"] = [3, 2]  # the logged estimates have 4 replica slots, this shape 5
-    with pytest.raises(StateError, match=r"shape \(4, 2\).*needs \(5, 2\).*same stages and replicas"):
-        replay_step(wider, 1)
-    static = json.loads(rec.to_json())
-    static["header"]["schedule"] = "critical-path"  # osprey's state is not critical-path's
-    with pytest.raises(StateError, match=r"critical-path scheduler state lacks \['forward_s', 'backward_s'\]"):
-        replay_step(static, 1)
-    unknown = json.loads(rec.to_json())
-    unknown["header"]["schedule"] = "pipedream"
-    with pytest.raises(StateError, match="replay a log written by RecordingScheduler.save"):
-        replay(unknown)
-    garbled = json.loads(rec.to_json())
-    garbled["steps"][0]["measurements"][0][2] = "W"
-    with pytest.raises(StateError, match=r"\[stage, replica, 'F' or 'B', microbatch, seconds\]"):
-        replay(garbled)
