@@ -45,7 +45,7 @@ import numpy as np
 from pdml_ray.client import PackedReports
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import MAX_STEP, Boundary, Decision, Rejection, StepBundle, WorkerReport
-from pdml_ray.errors import ConfigError, PDMLError, PlanError, ReportError, StateError
+from pdml_ray.errors import ConfigError, PDMLError, PlanError, ReportError, StateError, shown
 from pdml_ray.priority.base import Deriver
 from pdml_ray.priority.registry import DERIVERS, make_derivers
 from pdml_ray.scheduler_stats import (InputLog, _LOG_COLUMNS, _RECENT_ROWS_PER_WORKER, ReportLog, SchedulerStats,
@@ -117,11 +117,11 @@ class Scheduler:
     def register(self, worker_id: int, accelerator_type: str) -> None:
         """A worker announces its accelerator type (the node prior follows it at the next boundary)."""
         if not (isinstance(worker_id, int) and not isinstance(worker_id, bool) and 0 <= worker_id < self.num_workers):
-            raise ReportError(f"register: unknown worker {_shown(worker_id)} (this run has {self.num_workers} workers, "
+            raise ReportError(f"register: unknown worker {shown(worker_id)} (this run has {self.num_workers} workers, "
                               f"ids 0..{self.num_workers - 1})")
         if not isinstance(accelerator_type, str):
             raise ReportError("register: accelerator_type must be a string such as 'A100', got "
-                              f"{_shown(accelerator_type)}")
+                              f"{shown(accelerator_type)}")
         if self.inputs is not None:
             self.inputs.record("register", worker_id, accelerator_type)
         for deriver in self.derivers.values():
@@ -131,18 +131,18 @@ class Scheduler:
         """Keep a named one-off measurement (a benchmark's comm_s, say) with the run's telemetry."""
         if not (isinstance(name, str) and isinstance(value, (int, float)) and not isinstance(value, bool)
                 and math.isfinite(value)):
-            raise ReportError(f"record_measurement: give a name (str) and a finite number, got {_shown(name, 60)}="
-                              f"{_shown(value, 60)}")
+            raise ReportError(f"record_measurement: give a name (str) and a finite number, got {shown(name, 60)}="
+                              f"{shown(value, 60)}")
         if name not in self.measurements and len(self.measurements) >= _MEASUREMENTS:
             raise ReportError(f"record_measurement: {_MEASUREMENTS} measurement names are kept already; reuse a name "
-                              f"instead of {_shown(name, 60)}")
+                              f"instead of {shown(name, 60)}")
         self.measurements[name] = float(value)
 
     def set_dataset_size(self, num_samples: int) -> None:
         """Called once by rank 0; derivers that need it (the sample table) set themselves up."""
         if not (isinstance(num_samples, int) and not isinstance(num_samples, bool) and num_samples >= 1):
             raise ReportError(f"set_dataset_size: num_samples must be an integer >= 1 (the data set size), "
-                              f"got {_shown(num_samples)}")
+                              f"got {shown(num_samples)}")
         if self.num_samples == num_samples:
             return
         self.num_samples = num_samples
@@ -172,7 +172,7 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - an observation no check can read is refused
             rejection = Rejection("axis", f"observe: the {axis} observation cannot be checked ({type(e).__name__})")
         if rejection is None and not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP):
-            rejection = Rejection("step", f"observe: step must be an integer in [0, 2^62], got {_shown(step, 40)}")
+            rejection = Rejection("step", f"observe: step must be an integer in [0, 2^62], got {shown(step, 40)}")
         if rejection is not None:
             self._reject(rejection)
             return False
@@ -187,7 +187,7 @@ class Scheduler:
     def _axis(self, axis: str) -> Deriver:
         deriver = self.derivers.get(axis) if isinstance(axis, str) else None
         if deriver is None:
-            raise ReportError(f"axis {_shown(axis, 40)} is not enabled in this run (enabled: {list(self.derivers)}); set its "
+            raise ReportError(f"axis {shown(axis, 40)} is not enabled in this run (enabled: {list(self.derivers)}); set its "
                               "PDMLConfig section")
         return deriver
 
@@ -411,12 +411,12 @@ class Scheduler:
         if not (set(versions) <= set(self.derivers)
                 and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP for v in versions.values())):
             raise StateError(f"saved decision versions must be integers in [0, 2^62] per enabled axis, got "
-                             f"{_shown(versions, 200)}")
+                             f"{shown(versions, 200)}")
         counters = _checked_counters(state.get("counters", {}))
         num_samples = state.get("num_samples")
         if num_samples is not None and not (isinstance(num_samples, int) and not isinstance(num_samples, bool)
                                             and num_samples >= 1):
-            raise StateError(f"saved num_samples must be an integer >= 1 (the data set size), got {_shown(num_samples, 60)}")
+            raise StateError(f"saved num_samples must be an integer >= 1 (the data set size), got {shown(num_samples, 60)}")
         derivers = copy.deepcopy(self.derivers)  # one copy of them all: their bound peers are the copies too
         try:
             if num_samples is not None and num_samples != self.num_samples:
@@ -433,11 +433,11 @@ class Scheduler:
         history = {}
         for name, decisions in state["history"].items():
             if name not in derivers or not isinstance(decisions, (list, tuple, deque)):
-                raise StateError(f"saved decision history {_shown(name, 40)} must be a list of decisions of an enabled axis")
+                raise StateError(f"saved decision history {shown(name, 40)} must be a list of decisions of an enabled axis")
             history[name] = deque(decisions, maxlen=self.history[name].maxlen)
         for name, decisions in [(n, [d]) for n, d in current.items()] + list(history.items()):
             if name not in derivers:
-                raise StateError(f"saved decision for axis {_shown(name, 40)}, which this run does not enable")
+                raise StateError(f"saved decision for axis {shown(name, 40)}, which this run does not enable")
             for decision in decisions:
                 try:
                     self._check_decision(name, decision)
@@ -462,15 +462,6 @@ class Scheduler:
                                            maxlen=_ERROR_REASONS)
 
 
-def _shown(value: object, width: int = 120) -> str:
-    """``repr(value)`` cut to ``width`` characters, for messages: an integer past Python's 4,300-digit limit
-    cannot be printed at all (ValueError), and a message must never be what fails."""
-    try:
-        return repr(value)[:width]
-    except Exception:  # noqa: BLE001 - whatever a foreign value's repr raises
-        return f"<a {type(value).__name__} that cannot be printed>"
-
-
 def _request_problem(boundary: object, since: object, num_workers: int) -> str | None:
     """Why a ``bundle`` request cannot be served (a confused or foreign client), or None."""
     def integer(x: object, low: int) -> bool:
@@ -478,14 +469,14 @@ def _request_problem(boundary: object, since: object, num_workers: int) -> str |
 
     if not (isinstance(boundary, Boundary) and integer(boundary.first_step, 0) and integer(boundary.num_steps, 1)):
         return (f"the boundary must be a Boundary with integer first_step >= 0 and num_steps >= 1, got "
-                f"{_shown(boundary, 120)}")
+                f"{shown(boundary, 120)}")
     sizes = boundary.batch_sizes  # per worker on the Ray Train path; a runtime without node sizes sends ()
     if not (isinstance(sizes, (list, tuple)) and len(sizes) <= max(num_workers, 1) and all(integer(b, 0) for b in sizes)):
         return (f"the boundary's batch_sizes must be at most {max(num_workers, 1)} integers >= 0 (one per worker), "
-                f"got {_shown(sizes, 120)}")
+                f"got {shown(sizes, 120)}")
     if not (isinstance(since, Mapping) and all(isinstance(k, str) and integer(v, -1) for k, v in since.items())):
         return ("since must map axis names to the decision versions the workers run on (integers >= -1), got "
-                f"{_shown(since, 120)}")
+                f"{shown(since, 120)}")
     return None
 
 
@@ -507,7 +498,7 @@ def _checked_counters(counters: Any) -> dict[str, Any]:
         errors = counters.get("deriver_errors", {})
         ok = ok and isinstance(errors, dict) and all(isinstance(k, str) and count(n) for k, n in errors.items())
     if not ok:
-        raise StateError(f"saved scheduler counters are malformed: {_shown(counters, 200)}; counts must be integers >= 0 "
+        raise StateError(f"saved scheduler counters are malformed: {shown(counters, 200)}; counts must be integers >= 0 "
                          "(last_step >= -1), rejection reasons strings")
     return counters
 
