@@ -204,22 +204,97 @@ class StepScope:
         """Whether this step's gradients were dropped (every rank excluded, or the combined gradient not
         finite): ``optimizer.step()`` (in the block after backward, or after the block) changes nothing."""
         self._checked = False  # the guard's check has run (at an optimizer step inside the block)
+        self._loss_given = False  # step.loss was called in this block
         self._stop_due: tuple[int | None, int] | None = None  # what that check found for ``_stop``
 
-    def loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
-        """Weighted mean of per-sample losses (shape (b_i,)); a zero-size batch gives a zero loss.
+    def loss(self, loss: torch.Tensor, mask: torch.Tensor | None = None,
+             reduction: str = "sequence") -> torch.Tensor:
+        """The loss this rank backpropagates, from the losses as the model gives them:
 
-        Under FSDP2 the result also carries the factor ``w_i * world_size`` (see ``wrappers``)."""
+        - per sample, shape (b_i,) (``reduction="none"``): their importance-weighted mean;
+        - per token, shape (b_i, T), with an optional ``mask`` (b_i, T) of the tokens that count (bool or
+          0/1; a Hugging Face ``labels == -100`` position is False). ``reduction="sequence"`` (the default):
+          each sequence's mean over its counted tokens is its sample's loss (0 for a sequence with none),
+          then as above: the per-sequence mean over the global batch, exact under the ``b_i / B`` gradient
+          weights with no communication. ``reduction="token"``: the mean over every counted token of the
+          global batch, what one process computes on it (Hugging Face's loss with ``num_items_in_batch``):
+          under ``b_i / B`` weighting it needs the global token count, so it costs one all-reduce of one
+          number per step; refused with sample priorities (their weights are per sample);
+        - already reduced, 0-d (``out.loss``): this rank's mean over its own samples. With the ``b_i / B``
+          weights the ranks' means give the global mean exactly when each sample counts alike (a mean over
+          samples, or over tokens when every sequence has the same number of counted tokens; with padding,
+          pass the per-token losses and the mask). Refused with sample priorities, which need a loss per
+          sample.
+
+        A zero-size batch gives a zero loss. Under FSDP2 the result also carries the factor
+        ``w_i * world_size`` (see ``wrappers``)."""
         b = len(self.batch.indices)
-        if per_sample_loss.dim() > 1 or per_sample_loss.numel() != b:
-            raise UsageError(f"step.loss needs one loss per sample of this step's batch, shape ({b},); got shape "
-                             f"{tuple(per_sample_loss.shape)}. Compute the loss with reduction='none' on exactly "
-                             "the samples of batch.indices (a loss that is already a mean would be divided again)")
+        w = self.batch.sample_weights
+        if reduction not in ("sequence", "token"):
+            raise UsageError(f"step.loss: reduction must be 'sequence' or 'token', got {reduction!r}")
+        self._loss_given = True
+        if loss.dim() == 0:
+            if w is not None:
+                raise UsageError("step.loss got a reduced (0-d) loss, but sample priorities are on: they weight "
+                                 f"and score each sample, so pass one loss per sample, shape ({b},), or per token, "
+                                 f"shape ({b}, T) (with reduction='none' in the loss function)")
+            if mask is not None:
+                raise UsageError("step.loss: a mask goes with per-token losses (b, T), not with a reduced loss")
+            if b == 0:  # the mean of no samples is NaN: a zero loss through the parameters instead
+                self._per_sample = loss.detach().new_zeros(0)
+                return self._zero_loss()
+            self._per_sample = loss.detach().reshape(1)  # its mean is the loss reported for the step
+            return self._weighted(loss, 1)  # already a mean over this rank's b_i samples
+        if loss.dim() == 2 and loss.shape[0] == b:
+            if mask is not None and tuple(mask.shape) != tuple(loss.shape):
+                raise UsageError(f"step.loss: the mask must have the per-token losses' shape {tuple(loss.shape)}, "
+                                 f"got {tuple(mask.shape)}")
+            counted = (torch.ones_like(loss, dtype=torch.bool) if mask is None
+                       else mask.to(device=loss.device, dtype=torch.bool))
+            masked = torch.where(counted, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))  # (b, T)
+            tokens = counted.sum(dim=1)  # (b,) counted tokens per sequence
+            per_sequence = masked.sum(dim=1) / tokens.clamp(min=1).to(masked.dtype)  # (b,)
+            if reduction == "sequence":
+                return self._per_sample_loss(per_sequence)
+            if w is not None:
+                raise UsageError("step.loss: reduction='token' weighs tokens, sample priorities weigh samples; "
+                                 "use reduction='sequence' with sample priorities")
+            self._per_sample = per_sequence.detach()
+            return self._weighted(masked.sum() * self._token_factor(tokens.sum(), b), b)
+        if loss.dim() > 1 or loss.numel() != b:
+            raise UsageError(f"step.loss needs one loss per sample of this step's batch, shape ({b},), one per "
+                             f"token, shape ({b}, T), or this rank's mean (0-d); got shape {tuple(loss.shape)}. "
+                             "Compute the loss with reduction='none' on exactly the samples of batch.indices")
+        if mask is not None:
+            raise UsageError("step.loss: a mask goes with per-token losses (b, T), not with per-sample ones")
+        return self._per_sample_loss(loss)
+
+    def _per_sample_loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
+        """Importance-weighted sum of per-sample losses (b_i,), as a mean (``_weighted``)."""
+        b = len(self.batch.indices)
         self._per_sample = per_sample_loss.detach()
         w = self.batch.sample_weights
         # float(): half-precision losses meet float32 weights as the product used to promote them
         total = (per_sample_loss.sum() if w is None
                  else per_sample_loss.float() @ torch.as_tensor(w, device=per_sample_loss.device))
+        return self._weighted(total, b)
+
+    def _token_factor(self, tokens: torch.Tensor, b: int) -> float:
+        """For the global token mean: this rank's token sum times this factor, weighted by ``b_i / B`` in
+        the all-reduce, is the global token sum over the global token count: ``b_i / (w_i T)``, with
+        ``w_i = b_i / B`` its sample share and T the global batch's counted tokens (one all-reduce)."""
+        ctx = self.ctx
+        count = tokens.detach().to(device=ctx.device, dtype=torch.float64).reshape(1)
+        if ctx.world_size > 1 and dist.is_available() and dist.is_initialized():
+            t0 = time.perf_counter()
+            dist.all_reduce(count)  # every rank calls loss() once per step: the same collective everywhere
+            self._flag_s += time.perf_counter() - t0  # communication, not compute
+        total_tokens = float(count.item())
+        weight = self.batch.grad_weight
+        return b / (weight * total_tokens) if weight > 0 and total_tokens > 0 else 0.0
+
+    def _weighted(self, total: torch.Tensor, b: int) -> torch.Tensor:
+        """``total / b`` (a mean over this rank's samples) with the non-finite guard and the wrapper's scale."""
         combiner, weight = self.ctx._combiner, self.batch.grad_weight
         if combiner is not None and self.ctx.config.node.check_nonfinite and self._guard is None:
             weight, surrogate = self._guard_loss(weight)
@@ -227,6 +302,11 @@ class StepScope:
                 return surrogate
         scale = combiner.loss_scale(weight) if combiner is not None else 1.0
         return total * (scale / max(b, 1))
+
+    def _zero_loss(self) -> torch.Tensor:
+        """A zero loss whose gradient reaches every trained parameter (as zeros), never the activations."""
+        ctx = self.ctx
+        return sum((p.sum() * 0.0 for p in ctx._params), torch.zeros((), device=ctx.device))
 
     def _guard_loss(self, weight: float) -> tuple[float, torch.Tensor | None]:
         """Is this rank's loss finite? DDP's hook takes it from here inside backward; otherwise the ranks
@@ -245,7 +325,7 @@ class StepScope:
         if n > 1 and dist.is_available() and dist.is_initialized():
             t0 = time.perf_counter()
             dist.all_reduce(flags)  # the same collective on every rank: nobody skips one
-            self._flag_s = time.perf_counter() - t0
+            self._flag_s += time.perf_counter() - t0
         self._flags = flags
         good_w, total_w = float(flags[n:2 * n].sum()), float(flags[2 * n:].sum())
         renormalised = weight * (total_w / good_w) if good and good_w > 0 else 0.0
@@ -254,10 +334,7 @@ class StepScope:
         combiner.reweight(renormalised, not good)
         if good or combiner.name == "fsdp":  # FSDP2: its backward must run (the reduce-scatter is zeroed)
             return renormalised, None
-        # zero gradients through the parameters only, never through the non-finite activations
-        params = ctx._params
-        zero = sum((p.sum() * 0.0 for p in params), torch.zeros((), device=ctx.device))
-        return renormalised, zero
+        return renormalised, self._zero_loss()  # never through the non-finite activations
 
     def __enter__(self) -> "StepScope":
         if self.ctx._combiner is None:
@@ -268,7 +345,7 @@ class StepScope:
         self.ctx._open_scope = self
         self._ended, self._sleep_s, self._timed = False, 0.0, []
         self._guard, self._flags, self._flag_s, self.excluded, self.dropped = None, None, 0.0, (), False
-        self._checked, self._stop_due = False, None
+        self._checked, self._stop_due, self._loss_given = False, None, False
         _install_optimizer_guard()
         _OPEN_SCOPES.add(self)
         return self
@@ -316,6 +393,14 @@ class StepScope:
         if exc_type is not None:
             timer.abort()  # the exception propagates to the user
             return
+        if not self._loss_given and (self.batch.sample_weights is not None
+                                     or combiner.loss_scale(self.batch.grad_weight) != 1.0):
+            timer.abort()
+            why = ("sample priorities weight and score each sample" if self.batch.sample_weights is not None
+                   else f"the {combiner.name} wrapper's gradient weight is a loss scale")
+            raise UsageError(f"step {self.batch.step} ended without step.loss(...): {why}, so the loss must go "
+                             "through it. Inside `with ctx.step(...) as step:` call step.loss(losses).backward() "
+                             "with per-sample (b,) or per-token (b, T) losses")
         self.compute_ended()
         # Launching the all-reduce from inside backward (flatten, scale) is communication, not compute:
         # it costs the same at any batch size, and counting it would skew the throughput shares. On a GPU
