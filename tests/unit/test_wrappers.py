@@ -88,7 +88,7 @@ def test_a_loss_that_is_not_one_per_sample_is_refused(gloo):
     ctx.prepare_model(_model())
     step = ctx.step(_batch(n=12))
     with pytest.raises(UsageError, match="one loss per sample"):
-        step.loss(torch.tensor(0.7))  # already a mean: would be divided by the batch size again
+        step.loss(torch.ones(12, 4, 2))  # neither per sample, per token nor a mean (step.loss takes a 0-d mean)
     with pytest.raises(UsageError, match="one loss per sample"):
         step.loss(torch.ones(8))  # a DataLoader batch that is not this step's indices
 
