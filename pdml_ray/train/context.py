@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 SCHEDULER_STATE_FILE = "pdml_scheduler_state.npz"
 """pdml-ray's state in a checkpoint directory: a ``pdml_ray.state_format`` zip (JSON plus arrays)."""
 
+_SAVED_KEYS = {"state", "decision", "versions", "global_step", "position", "lead_steps", "upcoming", "horizon"}
+"""What ``save_scheduler_state`` writes (the run's position, and the decisions in force and pending)."""
+
 _context: PDMLContext | None = None  # this worker process's context while PDMLTrainer runs the user's loop
 
 
@@ -183,14 +186,19 @@ class PDMLContext:
         ``lead_steps`` to at least ``num_workers x prefetch_factor + 1``). Fix ``lead_steps`` before
         the first step; every rank must use the same value.
         """
-        if lead_steps < 1:
+        if lead_steps < 1:  # with 0 a decision adopted at a step's boundary would change a batch already cut
             raise ConfigError(f"lead_steps must be >= 1 (how far ahead the DataLoader may sample), got {lead_steps}")
         if lead_steps != self.lead_steps:
-            if self.global_step > 0 or self._sampler_step is not None:
-                raise UsageError(f"lead_steps was {self.lead_steps} when training started; keep it ({lead_steps} "
-                                 "given): every rank must switch decisions at the same steps")
+            if self._sampler_step is not None or self._upcoming:
+                raise UsageError(f"lead_steps is {self.lead_steps} in this run (set by its first batch sampler, or "
+                                 f"by the checkpoint it resumed, which holds decisions adopted for steps "
+                                 f"{[d.effective_step for d in self._upcoming]}); keep it ({lead_steps} given): "
+                                 "every rank must switch decisions at the same steps")
             self.lead_steps = lead_steps
-            self._horizon = self.global_step + lead_steps  # before the first boundary: the current decision
+            # at the start, or resuming: nothing adopted is pending, and the next boundary's decisions take
+            # effect lead_steps after it, so every step before that runs on the current decision
+            k = self.config.node.decision_interval
+            self._horizon = -(-self.global_step // k) * k + lead_steps
         if self._sampler_step is None:
             self._sampler_step = self.global_step
         return StepBatchSampler(self, epoch, num_samples)
@@ -224,6 +232,10 @@ class PDMLContext:
                 yield StepBatch(step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
                                 self.decision_at(step).version, plan.weights[self.rank], end_offset=k + 1)
                 step += 1
+
+    def _epoch_end(self, num_samples: int) -> int:
+        """A batch's ``end_offset`` once its epoch is done: samples (uniform), or steps (sample priorities)."""
+        return num_samples if self.config.sample_priority is None else math.ceil(num_samples / self.config.node.batch)
 
     def _sampled_batches(self, epoch: int, num_samples: int) -> Iterator[StepBatch]:
         """What the batch sampler yields: ``_steps`` ahead of training, within the settled horizon."""
@@ -285,6 +297,8 @@ class PDMLContext:
                                              self._step_overhead, per_sample, launch_s, sleep_s, grad_norm)
         self.global_step += 1
         self._position = (batch.epoch, batch.end_offset)
+        if self._num_samples is not None and batch.end_offset >= self._epoch_end(self._num_samples):
+            self._position = (batch.epoch + 1, 0)  # the epoch is done: a checkpoint resumes with the next one
         self._step_overhead = time.perf_counter() - t0
         self.overhead_s += self._step_overhead
         self._step_t0 = now
@@ -375,9 +389,11 @@ class PDMLContext:
         (``Checkpoint.from_directory(d)``, as Ray Train's examples do): rank 0 writes the scheduler's
         state (estimates, decisions, the sample table), the decision in force, and where in which
         epoch the run stands into it before Ray Train persists it. A run resumed from it (after a
-        worker failure with ``FailureConfig(max_failures>=1)``, or ``resume_from_checkpoint``)
-        continues there: ``PDMLTrainer`` restores it before the loop starts; the loop reads
-        ``ctx.start_epoch`` and loads its own model and optimizer state as usual.
+        worker failure with ``FailureConfig(max_failures>=1)``, or a rerun under the same
+        ``RunConfig(name, storage_path)``, Ray Train's run storage) continues there: ``PDMLTrainer``
+        restores it before the loop starts (the decisions in force and pending, ``lead_steps``); the
+        loop reads ``ctx.start_epoch`` (the first epoch not finished) and loads its own model and
+        optimizer state as usual.
         """
         if self.report_fn is None:
             raise UsageError("ctx.report needs the Ray Train worker PDMLTrainer launches (it calls ray.train.report)")
@@ -406,7 +422,8 @@ class PDMLContext:
         state = self.client.call("state_dict")
         write_state(os.path.join(directory, SCHEDULER_STATE_FILE),
                     {"state": state, "decision": self.decision, "versions": dict(self.versions),
-                     "global_step": self.global_step, "position": tuple(self._position)})
+                     "global_step": self.global_step, "position": tuple(self._position),
+                     "lead_steps": self.lead_steps, "upcoming": tuple(self._upcoming), "horizon": self._horizon})
         return True
 
     def load_scheduler_state(self, directory: str) -> bool:
@@ -423,12 +440,12 @@ class PDMLContext:
             return False
         saved = read_state(path)  # StateError naming the file if it is not a whole pdml-ray state
         try:
-            if not (isinstance(saved, dict) and set(saved) == {"state", "decision", "versions", "global_step",
-                                                               "position"}):
-                raise StateError("it does not hold the state, decision, versions, global_step and position "
-                                 "save_scheduler_state writes")
+            if not (isinstance(saved, dict) and set(saved) == _SAVED_KEYS):
+                raise StateError(f"it does not hold the {', '.join(sorted(_SAVED_KEYS))} save_scheduler_state "
+                                 "writes")
             decision, versions, step, position = (saved["decision"], saved["versions"], saved["global_step"],
                                                   saved["position"])
+            lead, upcoming, horizon = saved["lead_steps"], saved["upcoming"], saved["horizon"]
 
             def count(x: Any) -> bool:
                 return isinstance(x, int) and not isinstance(x, bool) and x >= 0
@@ -438,7 +455,15 @@ class PDMLContext:
                     and isinstance(position, tuple) and len(position) == 2 and all(count(x) for x in position)):
                 raise StateError(f"its decision, versions, global_step and position are malformed: {decision!r:.80}, "
                                  f"{versions!r:.80}, {step!r:.20}, {position!r:.40}")
-            check_decision(decision, self.config, self.world_size)
+            # decisions adopted but not in force yet: in step order, each after the saved step
+            if not (count(lead) and count(horizon) and isinstance(upcoming, tuple)
+                    and all(isinstance(d, NodeDecision) for d in upcoming)
+                    and all(a.effective_step < b.effective_step for a, b in zip(upcoming, upcoming[1:]))
+                    and all(d.effective_step > step for d in upcoming)):
+                raise StateError(f"its lead_steps, pending decisions and horizon are malformed: {lead!r:.20}, "
+                                 f"{upcoming!r:.120}, {horizon!r:.20}")
+            for pending in (decision, *upcoming):
+                check_decision(pending, self.config, self.world_size)
             check_scheduler_decisions(saved["state"], self.config, self.world_size)
         except PDMLError as e:
             raise StateError(f"{path} holds a pdml-ray state this run refuses: {e}. It was altered, or written by a "
@@ -452,6 +477,7 @@ class PDMLContext:
         self._position = (position[0], position[1])
         self._resume = self._position
         self.start_epoch = self._position[0]
+        self.lead_steps, self._upcoming, self._horizon = lead, list(upcoming), horizon
         return True
 
     def _report_timed(self, step: int, span_s: float) -> None:
