@@ -13,7 +13,11 @@ every other name is a ``Gauge`` whose name carries its unit (``_seconds``, ``_sa
 Every series is tagged with ``run``: the scheduler's name plus a short id of the scheduler actor
 (``pdml-myrun-1a2b3c4d``), so two runs that share a name (the same ``RunConfig.name`` twice) never
 share a series, while a restarted scheduler (same actor) continues its run's. Per-worker series also
-carry ``worker`` and ``accelerator_type``.
+carry ``worker`` and ``accelerator_type``. Ray Train's own labels come too, so the filters of Ray's
+Train dashboard select pdml-ray's series as well: ``ray_train_run_name`` (the Ray Train run's name,
+``RunConfig.name``; the scheduler's name where there is no Ray Train run) on every series, and
+``ray_train_worker_world_rank`` (the worker's world rank, what ``worker`` says) on per-worker ones,
+with Ray 2.60's names (``ray.train.v2._internal.metrics``).
 
 Ray prefixes custom metrics with ``ray_`` on the Prometheus endpoint: ``pdml_batch_size_samples`` is
 scraped as ``ray_pdml_batch_size_samples`` (``prometheus_name``). Metrics are created in the process
@@ -84,6 +88,10 @@ def ray_report_interval_s() -> float:
 
 Key = tuple[str, tuple[tuple[str, str], ...]]  # (metric name, tags besides run): one series
 
+RUN_NAME_TAG = "ray_train_run_name"
+WORLD_RANK_TAG = "ray_train_worker_world_rank"
+"""Ray Train's run and rank label names (Ray 2.60: ``RUN_NAME_TAG_KEY``, ``WORKER_WORLD_RANK_TAG_KEY``)."""
+
 
 class GaugeSource(Protocol):
     """A typed stats record that says its figures as gauge values (``SchedulerStats``, a run record)."""
@@ -113,8 +121,11 @@ class PriorityGauges:
     """
 
     def __init__(self, run_name: str, run_id: str | None = None, refresh_s: float | None = None,
-                 min_set_s: float | None = None, source: Callable[[], GaugeSource] | None = None):
+                 min_set_s: float | None = None, source: Callable[[], GaugeSource] | None = None,
+                 train_run_name: str | None = None):
         self.run_name = run_name
+        self.train_run_name = train_run_name or run_name
+        """The ``ray_train_run_name`` label of every series: the Ray Train run's name."""
         self.run = f"{run_name}-{run_id or _short_id()}"
         """The ``run`` tag of every series: unique per run."""
         interval = ray_report_interval_s() if refresh_s is None or min_set_s is None else 0.0
@@ -157,7 +168,7 @@ class PriorityGauges:
                 last = self._last.get(key)
                 metric: Any = self._metrics.get(g.name)
                 if metric is None:
-                    tag_keys = ("run", *(k for k, _ in g.tags))
+                    tag_keys = tuple(self._tags(g.tags))
                     metric = self._metrics[g.name] = (
                         Counter(g.name[:-len(COUNTER_SUFFIX)], g.description, tag_keys) if counter
                         else Gauge(g.name, g.description, tag_keys))
@@ -166,7 +177,7 @@ class PriorityGauges:
                     if last is None or value > last:
                         grown = value - (last or 0.0)
                         if grown > 0:
-                            metric.inc(grown, {"run": self.run, **dict(g.tags)})
+                            metric.inc(grown, self._tags(g.tags))
                             touched += 1
                     continue
                 if value != last:
@@ -183,10 +194,16 @@ class PriorityGauges:
 
     def _set(self, key: Key, now: float) -> int:
         name, tags = key
-        self._metrics[name].set(self._last[key], {"run": self.run, **dict(tags)})
+        self._metrics[name].set(self._last[key], self._tags(tags))
         self._set_at[key] = now
         self._held.discard(key)
         return 1
+
+    def _tags(self, tags: tuple[tuple[str, str], ...]) -> dict[str, str]:
+        """A series' labels: ``run``, Ray Train's run name, its own tags, and a worker's world rank."""
+        own = dict(tags)
+        rank = {WORLD_RANK_TAG: own["worker"]} if "worker" in own else {}
+        return {"run": self.run, RUN_NAME_TAG: self.train_run_name, **own, **rank}
 
     def refresh(self) -> int:
         """Set every gauge series that is due: a held change older than ``min_set_s`` since the last

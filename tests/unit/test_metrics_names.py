@@ -251,3 +251,35 @@ def test_gauges_left_open_are_closed_at_interpreter_exit(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["alive:", "True", "alive", "after", "close:", "False"], out.stdout
+
+
+def test_every_series_carries_ray_trains_run_name_and_per_worker_ones_the_world_rank(monkeypatch):
+    """The labels Ray Train v2 puts on its own series (ray.train.v2 metrics), so its dashboard's run and
+    rank filters select pdml-ray's too. Ray's Gauge/Counter are replaced by recorders (no Ray started)."""
+    import ray.util.metrics as ray_metrics
+    from ray.train.v2._internal.metrics.base import RUN_NAME_TAG_KEY
+    from ray.train.v2._internal.metrics.worker import WORKER_WORLD_RANK_TAG_KEY
+
+    from pdml_ray.metrics import PriorityGauges
+
+    created, recorded = {}, []
+
+    class Recorder:
+        def __init__(self, name, description="", tag_keys=()):
+            created[name] = tuple(tag_keys)
+
+        def set(self, value, tags):
+            recorded.append(tags)
+
+        inc = set
+
+    monkeypatch.setattr(ray_metrics, "Gauge", Recorder)
+    monkeypatch.setattr(ray_metrics, "Counter", Recorder)
+    gauges = PriorityGauges("pdml-myrun", run_id="1a2b3c4d", refresh_s=0.0, min_set_s=0.0, train_run_name="myrun")
+    assert gauges.export(_stats()) > 0
+    assert created and all(RUN_NAME_TAG_KEY in keys for keys in created.values())
+    assert all(tags[RUN_NAME_TAG_KEY] == "myrun" and tags["run"] == "pdml-myrun-1a2b3c4d" for tags in recorded)
+    per_worker = [tags for tags in recorded if "worker" in tags]
+    assert per_worker and all(tags[WORKER_WORLD_RANK_TAG_KEY] == tags["worker"] for tags in per_worker)
+    assert {tags[WORKER_WORLD_RANK_TAG_KEY] for tags in per_worker} == {"0", "1"}
+    assert all(WORKER_WORLD_RANK_TAG_KEY not in tags for tags in recorded if "worker" not in tags)
