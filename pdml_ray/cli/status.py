@@ -1,8 +1,10 @@
 """``pdml-ray status``: the running schedulers' current priorities, from any shell on the cluster.
 
 Per run: decision versions, batch sizes, gradient weights, rates per worker (each deriver's typed stats
-record prints itself); ``--json`` prints the same records as one JSON object
-``{"schedulers": {name: SchedulerStats as a dict}}`` for scripts.
+record prints itself), and the node decision in force at the newest reported step with the pending one
+(published for a later step: the node axis's batch sizes above are the newest, which may be pending);
+``--json`` prints the same records as one JSON object ``{"schedulers": {name: SchedulerStats as a
+dict}, "node_decisions": {name: {"in_force": ..., "pending": ...}}}`` for scripts.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def to_jsonable(value: Any) -> Any:
 
 
 def fetch_stats(args: argparse.Namespace) -> dict[str, SchedulerStats]:
-    """Connect (probing the address first) and fetch every selected scheduler's stats record."""
+    """Connect (probing the address first) and fetch every selected scheduler's stats record, and its
+    node decision history (``histories``, for ``render``)."""
     import ray
 
     from pdml_ray.actors.scheduler import find_scheduler, list_schedulers
@@ -79,17 +82,47 @@ def fetch_stats(args: argparse.Namespace) -> dict[str, SchedulerStats]:
     if not handles:
         which = f"named {args.name!r}" if args.name else "at all"
         raise NoSchedulerError(f"no pdml-ray scheduler {which} in namespace {args.namespace!r} (is a training run active?)")
-    refs = {name: h.stats.remote() for name, h in handles.items()}
+    refs = {name: (h.stats.remote(), h.decision_history.remote("node")) for name, h in handles.items()}
     try:
-        return {name: ray.get(ref, timeout=STATS_TIMEOUT_S) for name, ref in refs.items()}
+        fetched = {name: (ray.get(s, timeout=STATS_TIMEOUT_S), ray.get(d, timeout=STATS_TIMEOUT_S))
+                   for name, (s, d) in refs.items()}
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
         raise NoSchedulerError(f"a scheduler stopped answering ({type(e).__name__}); the run may have ended") from None
+    return _WithHistories({name: stats for name, (stats, _) in fetched.items()},
+                          {name: history for name, (_, history) in fetched.items()})
+
+
+class _WithHistories(dict):
+    """The stats records by scheduler name, with each one's node decision history alongside."""
+
+    def __init__(self, stats: Mapping[str, Any], histories: Mapping[str, list[dict[str, Any]]]) -> None:
+        super().__init__(stats)
+        self.histories = dict(histories)
+
+
+def node_decisions(stats: SchedulerStats, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The node decision in force at the newest reported step and the pending one (or None)."""
+    from pdml_ray.train.result_metrics import in_force_and_pending  # torch, imported only to render a run
+
+    in_force, pending = in_force_and_pending(history, stats.last_step)
+    return {"step": stats.last_step, "in_force": in_force, "pending": pending}
+
+
+def _decision_lines(view: dict[str, Any]) -> str:
+    from pdml_ray.train.result_metrics import describe_decision
+
+    return (f"\nnode decision in force at step {view['step']}: {describe_decision(view['in_force'])}"
+            f"\npending: {describe_decision(view['pending'])}")
 
 
 def render(all_stats: dict[str, SchedulerStats], as_json: bool) -> str:
+    histories: Mapping[str, list[dict[str, Any]]] = getattr(all_stats, "histories", {})
+    views = {name: node_decisions(all_stats[name], history) for name, history in histories.items()}
     if as_json:
-        return json.dumps({"schedulers": {name: to_jsonable(s) for name, s in all_stats.items()}}, indent=2)
-    return "\n".join(f"== {name}\n{format_stats(stats)}" for name, stats in all_stats.items())
+        return json.dumps({"schedulers": {name: to_jsonable(s) for name, s in all_stats.items()},
+                           "node_decisions": to_jsonable(views)}, indent=2)
+    return "\n".join(f"== {name}\n{format_stats(stats)}{_decision_lines(views[name]) if name in views else ''}"
+                     for name, stats in all_stats.items())
 
 
 def run(args: argparse.Namespace) -> int:

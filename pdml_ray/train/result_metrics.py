@@ -5,8 +5,11 @@
 exported metrics:
 
 - this worker: ``pdml/batch_size_samples``, ``pdml/grad_weight_ratio`` and
-  ``pdml/node_priority_ratio`` of the decision in force, ``pdml/decision_version`` (node),
-  ``pdml/global_step``; of its newest timed step ``pdml/step_seconds``,
+  ``pdml/node_priority_ratio`` of the decision in force, ``pdml/decision_version`` (node: the
+  newest adopted, which may not be in force yet), ``pdml/global_step``; when a decision is adopted
+  but waits for its effective step (``lead_steps`` with a batch sampler), the newest such one's
+  ``pdml/pending_batch_size_samples``, ``pdml/pending_decision_version`` and
+  ``pdml/pending_effective_step``; of its newest timed step ``pdml/step_seconds``,
   ``pdml/step_compute_seconds``, ``pdml/step_wait_seconds`` and ``pdml/rate_samples_per_second``
   (samples / compute); ``pdml/overhead_seconds_total`` (its pdml-ray bookkeeping),
   ``pdml/stale_bundles_total``, and the non-finite guard's ``pdml/nonfinite_excluded_steps_total``
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from pdml_ray.client import SchedulerClient
@@ -39,6 +42,7 @@ class MetricsSource(Protocol):
 
     rank: int
     decision: NodeDecision
+    _upcoming: list[NodeDecision]
     versions: dict[str, int]
     global_step: int
     overhead_s: float
@@ -63,6 +67,11 @@ def pdml_metrics(ctx: MetricsSource) -> dict[str, float]:
         "pdml/stale_bundles_total": float(ctx.stale_bundles),
         "pdml/nonfinite_excluded_steps_total": float(ctx.nonfinite.excluded[rank]),
         "pdml/nonfinite_dropped_steps_total": float(ctx.nonfinite.dropped_steps)}
+    if ctx._upcoming:  # adopted by every rank, in force from its effective step
+        pending = ctx._upcoming[-1]
+        out.update({"pdml/pending_batch_size_samples": float(pending.batch_sizes[rank]),
+                    "pdml/pending_decision_version": float(pending.version),
+                    "pdml/pending_effective_step": float(pending.effective_step)})
     last = ctx._last_report  # the newest timed step's report (sent at a boundary or still buffered)
     if last is not None:
         out["pdml/step_compute_seconds"] = float(last.compute_s)
@@ -87,3 +96,30 @@ def pdml_metrics(ctx: MetricsSource) -> dict[str, float]:
                         "pdml/scheduler_decision_seconds_total": float(stats.decision_s)})
             out.update({f"pdml/decision_version/{axis}": float(v) for axis, v in stats.versions.items()})
     return out
+
+
+def in_force_and_pending(history: Sequence[Mapping[str, Any]],
+                         step: int) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """The scheduler's view of the node decisions at ``step`` (its newest reported step), from its history
+    (``decision_history``, oldest first): the one in force there, and the newest one published for a later
+    step, pending (None when there is none).
+
+    The newest decision is not always in force: one takes effect at its ``effective_step`` (``lead_steps``
+    after the boundary that adopts it), and one whose bundle reached rank 0 after that step is dropped by
+    the workers and re-issued by the scheduler, the same batch sizes under the next version for a later
+    step: a decision so superseded never took effect and is skipped here."""
+    def reissue(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        return (list(a["batch_sizes"]) == list(b["batch_sizes"]) and b["version"] == a["version"] + 1
+                and b["effective_step"] > a["effective_step"])
+
+    live = [d for d, nxt in zip(history, [*history[1:], None]) if nxt is None or not reissue(d, nxt)]
+    in_force = next((d for d in reversed(live) if d["effective_step"] <= step), None)
+    pending = next((d for d in reversed(live) if d["effective_step"] > step), None)
+    return in_force, pending
+
+
+def describe_decision(decision: Mapping[str, Any] | None) -> str:
+    """One node decision in a line: version, effective step and batch sizes."""
+    if decision is None:
+        return "none"
+    return f"v{decision['version']} from step {decision['effective_step']}: batch sizes {list(decision['batch_sizes'])}"
