@@ -7,7 +7,7 @@ the same arguments. So that a restarted scheduler does not start empty, a backgr
 snapshot of its state every ``SNAPSHOT_INTERVAL_S`` (when anything changed): ``Scheduler.state_dict()``
 (estimates, decisions, the sample table, counters: reports received and rejected, last step) in the
 same data format as a checkpoint's (``pdml_ray.state_format``: JSON plus arrays, never a pickle),
-plus the restart count. The restarted constructor (``was_current_actor_reconstructed``) reads it,
+plus the restart count. The restarted constructor (``_reconstructed``) reads it,
 checks every decision in it as a new one is checked, and loads it; a snapshot that does not read back
 whole (damaged, foreign, a decision this run could not make) is refused with an error in the log, and
 the actor starts empty. What was reported after the snapshot is
@@ -83,11 +83,21 @@ SNAPSHOT_INTERVAL_S = 5.0
 SNAPSHOT_MAX_FRACTION = 0.05
 """Snapshots take at most this share of the actor's time (the interval stretches for a large state)."""
 def _reconstructed() -> bool:
-    """Whether this actor process is a restart (Ray re-ran the constructor after the actor died)."""
-    try:
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
-    except Exception:  # noqa: BLE001 - not inside an actor (the class used directly)
+    """Whether this actor process is a restart (Ray re-ran the constructor after the actor died).
+
+    The GCS actor table's restart count, looked up as Ray's ``was_current_actor_reconstructed`` does:
+    in Ray 2.60 that property reads the deprecated ``RuntimeContext.actor_id`` and warns on every call
+    (``RayDeprecationWarning: Use get_actor_id() instead``), so the lookup goes by ``get_actor_id()``."""
+    from ray._private.state import actors
+
+    actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+    if actor_id is None:  # not inside an actor (the class used directly)
         return False
+    try:
+        info = actors(actor_id=actor_id)
+    except Exception:  # noqa: BLE001 - the GCS did not answer: a fresh start is the safe reading
+        return False
+    return bool(info) and info.get("NumRestarts", 0) != 0
 
 
 class MeteredScheduler(Scheduler):
@@ -96,11 +106,12 @@ class MeteredScheduler(Scheduler):
     so a decision never waits behind a queue of reports, one lock around the state, and a snapshot of
     the state a restarted actor starts from (module docstring)."""
 
-    def __init__(self, config: PDMLConfig, num_workers: int, snapshots: bool = True):
+    def __init__(self, config: PDMLConfig, num_workers: int, snapshots: bool = True, run_name: str | None = None):
         super().__init__(config, num_workers)
         sys.setswitchinterval(float(os.environ.get("PDML_SCHEDULER_SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)))
         self._lock = threading.RLock()
-        self.gauges = PriorityGauges(config.scheduler_name or "pdml-scheduler", source=self.stats)
+        self.gauges = PriorityGauges(config.scheduler_name or "pdml-scheduler", source=self.stats,
+                                     train_run_name=run_name)
         self.registered: set[int] = set()
         self._cpu0 = time.process_time()
         self._cpu_marks: deque[tuple[int, float]] = deque(maxlen=2000)  # (last step, process CPU s) per report
@@ -339,10 +350,10 @@ SchedulerActor = ray.remote(  # type: ignore[call-overload]  # the stub lacks co
     num_cpus=0, max_restarts=-1, max_task_retries=0, concurrency_groups={"reports": 1, "decisions": 1})(MeteredScheduler)
 
 
-def create_scheduler(config: PDMLConfig, num_workers: int) -> Any:
+def create_scheduler(config: PDMLConfig, num_workers: int, run_name: str | None = None) -> Any:
     """Start the run's scheduler actor, named ``config.scheduler_name``; refuse a name already in use
     (another run's scheduler: sharing it would mix two runs' estimates, and either run's end would
-    kill it)."""
+    kill it). ``run_name``: the Ray Train run's name, a label of every metric series."""
     if config.scheduler_name is None:
         raise ConfigError("create_scheduler needs config.scheduler_name (PDMLTrainer.fit() sets it)")
     if find_scheduler(config.scheduler_name, config.namespace) is not None:
@@ -350,7 +361,7 @@ def create_scheduler(config: PDMLConfig, num_workers: int) -> Any:
                           f"{config.namespace!r} (another run?); give this run another RunConfig(name=...) or "
                           "PDMLConfig(scheduler_name=...), or leave both unset for a unique name")
     return SchedulerActor.options(name=config.scheduler_name, namespace=config.namespace,
-                                  runtime_env=_scheduler_runtime_env()).remote(config, num_workers)
+                                  runtime_env=_scheduler_runtime_env()).remote(config, num_workers, run_name=run_name)
 
 
 SCHEDULER_ENV_VARS = {"MALLOC_ARENA_MAX": "2", "RAY_enable_open_telemetry": "0"}

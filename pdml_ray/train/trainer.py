@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import sys
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +21,11 @@ from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.config.training import check_ray_train
-from pdml_ray.errors import ConfigError
+from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.node import accelerator_from_gpu_name, accelerator_from_resources
 from pdml_ray.scheduler import SchedulerStats
 from pdml_ray.train.context import PDMLContext, set_context
+from pdml_ray.train.result_metrics import in_force_and_pending
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +57,45 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     client = SchedulerClient(RaySchedulerTransport(pdml_config.scheduler_name, pdml_config.namespace))
     context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
     context.report_fn = ray.train.report
-    checkpoint = ray.train.get_checkpoint()  # a restart after a failure, or resume_from_checkpoint
+    checkpoint = ray.train.get_checkpoint()  # a restart after a failure, or a rerun: the run storage's latest
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             if context.load_scheduler_state(directory):
                 log.info("rank %d resumes at step %d (epoch %d)", context.rank, context.global_step, context.start_epoch)
     set_context(context)
     try:
-        return user_loop(config) if _takes_config(user_loop) else user_loop()
+        with _one_copy_of_prints():
+            return user_loop(config) if _takes_config(user_loop) else user_loop()
     finally:
         context.flush()
         set_context(None)
+
+
+@contextlib.contextmanager
+def _one_copy_of_prints() -> Iterator[None]:
+    """Each ``print`` of the loop reaches the driver once.
+
+    Ray Train v2 (2.60) turns a worker's ``print`` into a log record, which its console handler writes
+    to stderr, and prints it to stdout as well whenever ``sys.stdout is not sys.__stdout__`` (meant for a
+    stream a library such as wandb wrapped). In a Ray worker that is always so: ``sys.stdout`` is Ray's
+    own ``Unbuffered`` wrapper around ``sys.__stdout__``, so every line went out twice and log_to_driver
+    streamed both (under ``TorchTrainer`` as well). For the loop ``sys.stdout`` is the stream Ray wraps,
+    line-buffered (Ray's wrapper flushes every write), so a print goes out once, through the log record."""
+    from ray._private.utils import Unbuffered
+
+    wrapper, stream = sys.stdout, sys.__stdout__
+    if not (isinstance(wrapper, Unbuffered) and wrapper.stream is stream and stream is not None):
+        yield
+        return
+    line_buffering = stream.line_buffering
+    stream.reconfigure(line_buffering=True)
+    sys.stdout = stream
+    try:
+        yield
+    finally:
+        stream.flush()
+        sys.stdout = wrapper
+        stream.reconfigure(line_buffering=line_buffering)
 
 
 def _takes_config(fn: Callable) -> bool:
@@ -85,14 +116,20 @@ class PDMLRunInfo:
     """The report log as numpy columns (worker_id, step, samples, compute_s, wait_s, step_s, ...)."""
     scheduler_state: dict[str, Any] = field(repr=False)
     warnings: tuple[str, ...] = ()
+    in_force: dict[str, Any] | None = None
+    """The node decision in force at the run's last reported step (version, effective_step, batch_sizes, ...)."""
+    pending: dict[str, Any] | None = None
+    """The newest node decision published for a step after that, which the run ended before reaching
+    (None when there was none): ``stats.derivers["node"]`` shows the newest, which may be this one."""
 
     def __repr__(self) -> str:
         if self.stats is None:
             return "PDMLRunInfo(scheduler lost)"
-        node = self.stats.derivers.get("node")
-        sizes = list(node.batch_sizes) if node is not None else []  # type: ignore[attr-defined]
+        sizes = list(self.in_force["batch_sizes"]) if self.in_force is not None else []
+        pending = (f", pending=v{self.pending['version']} {list(self.pending['batch_sizes'])} from step "
+                   f"{self.pending['effective_step']}" if self.pending is not None else "")
         return (f"PDMLRunInfo(decisions={len(self.decisions)}, reports={self.stats.reports_received}, "
-                f"batch_sizes={sizes}{', warnings=' + str(len(self.warnings)) if self.warnings else ''})")
+                f"batch_sizes={sizes}{pending}{', warnings=' + str(len(self.warnings)) if self.warnings else ''})")
 
 
 class PDMLTrainer:
@@ -108,14 +145,21 @@ class PDMLTrainer:
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
                  scaling_config=None, run_config=None, pdml_config: PDMLConfig | None = None,
                  keep_scheduler: bool = False, **torch_trainer_kwargs: Any):
-        from ray.train import ScalingConfig
+        from ray.train import RunConfig, ScalingConfig
 
+        if "resume_from_checkpoint" in torch_trainer_kwargs:
+            raise ConfigError("resume_from_checkpoint is deprecated in Ray Train v2 (Ray refuses it): a run resumes "
+                              "from its run storage. Rerun with the same RunConfig(name=..., storage_path=...) and "
+                              "ray.train.get_checkpoint() in the loop returns its latest checkpoint (pdml-ray "
+                              "restores its state from it); FailureConfig(max_failures=N) does the same after a "
+                              "worker failure")
         self.loop = train_loop_per_worker
         self.loop_config = dict(train_loop_config or {})
         if _CONFIG_KEY in self.loop_config:
             raise ConfigError(f"train_loop_config key {_CONFIG_KEY!r} is reserved for pdml-ray; rename that key")
         self.scaling_config = scaling_config or ScalingConfig(num_workers=1)
-        self.run_config = run_config
+        # Ray Train names an unnamed run itself; naming it here lets the scheduler and metrics carry that name
+        self.run_config = run_config if run_config is not None else RunConfig()
         self.pdml_config = pdml_config or PDMLConfig()
         workers = self.scaling_config.num_workers
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -138,23 +182,29 @@ class PDMLTrainer:
         """The scheduler actor's name: ``PDMLConfig.scheduler_name``, else the run's name, else a unique one."""
         if self.pdml_config.scheduler_name is not None:
             return self.pdml_config.scheduler_name
-        run_name = getattr(self.run_config, "name", None)
+        run_name = self.run_config.name
         return f"pdml-{run_name}" if run_name else f"pdml-{uuid.uuid4().hex[:12]}"
 
     def fit(self) -> Any:
-        """Train; returns Ray Train's ``Result`` with ``result.pdml`` (a ``PDMLRunInfo``) attached."""
+        """Train; returns Ray Train's ``Result`` with ``result.pdml`` (a ``PDMLRunInfo``) attached.
+
+        A rerun under a ``RunConfig(name)`` whose run already finished continues from its last
+        checkpoint when the loop has epochs left; if it trains no step from there, ``fit()`` raises a
+        ``UsageError`` (it never returns a result of no training as a success)."""
         from ray.train.torch import TorchTrainer
 
         pdml_config = dataclasses.replace(self.pdml_config, scheduler_name=self.scheduler_name())
         if pdml_config.node.emulation:  # said where the user looks, not only in the stats
             print(f"pdml-ray ({pdml_config.scheduler_name}): {pdml_config.node.emulation}", flush=True)
-        scheduler = create_scheduler(pdml_config, self.num_workers)
-        ray.get(scheduler.ping.remote())
         loop = self.loop
         config = {**self.loop_config, _CONFIG_KEY: {"config": pdml_config.to_dict()}}
+        # built before the scheduler starts: an error here leaves nothing behind
         trainer = TorchTrainer(lambda cfg: _run_worker(loop, cfg), train_loop_config=config,
                                scaling_config=self.scaling_config, run_config=self.run_config, **self.kwargs)
+        scheduler = None
         try:
+            scheduler = create_scheduler(pdml_config, self.num_workers, run_name=self.run_config.name)
+            ray.get(scheduler.ping.remote())
             result = trainer.fit()
             try:
                 stats, decisions, telemetry, state = ray.get([
@@ -164,14 +214,15 @@ class PDMLTrainer:
                 log.warning("scheduler state lost at the end of the run: %s", e)
                 stats, decisions, telemetry, state = None, [], {}, {}
         finally:
-            if self.keep_scheduler:
-                self.scheduler = scheduler  # holding the handle keeps the (non-detached) actor alive
-            else:
-                try:  # the run is over: delete its restart snapshot from Ray's GCS before the kill
-                    ray.get(scheduler.close.remote(), timeout=10)
-                except RayError as e:
-                    log.warning("scheduler snapshot not deleted (the next run with this name deletes it): %s", e)
-                ray.kill(scheduler)  # a later fit() with the same name starts from a fresh scheduler
+            if scheduler is not None:
+                self._release(scheduler)
+        if stats is not None and stats.reports_received > 0 and len(telemetry.get("step", ())) == 0:
+            # counts restored from a checkpoint, and no report in this fit(): the run had finished
+            raise UsageError(
+                f"run {self.run_config.name!r} resumed from its last checkpoint (step {stats.last_step}) and trained "
+                "no step: its loop had already finished there. To train further, give the loop more epochs "
+                "(range(ctx.start_epoch, epochs) continues with the first epoch not done); to start afresh, give "
+                "a new RunConfig(name=...) or delete that run's folder under its storage_path")
         warnings_: list[str] = []
         if stats is not None and stats.reports_received == 0:
             warnings_.append("the training loop never ran a step through pdml-ray (no `with ctx.step(batch)`): it "
@@ -180,5 +231,18 @@ class PDMLTrainer:
         for w in warnings_:
             warnings.warn(w, stacklevel=2)
             log.warning("%s", w)
-        result.pdml = PDMLRunInfo(stats, decisions, telemetry, state, tuple(warnings_))  # type: ignore[attr-defined]
+        in_force, pending = in_force_and_pending(decisions, stats.last_step) if stats is not None else (None, None)
+        result.pdml = PDMLRunInfo(stats, decisions, telemetry, state, tuple(warnings_),  # type: ignore[attr-defined]
+                                  dict(in_force) if in_force else None, dict(pending) if pending else None)
         return result
+
+    def _release(self, scheduler: Any) -> None:
+        """The run is over (or never started): keep the scheduler (``keep_scheduler``) or end it."""
+        if self.keep_scheduler:
+            self.scheduler = scheduler  # holding the handle keeps the (non-detached) actor alive
+            return
+        try:  # delete its restart snapshot from Ray's GCS before the kill
+            ray.get(scheduler.close.remote(), timeout=10)
+        except RayError as e:
+            log.warning("scheduler snapshot not deleted (the next run with this name deletes it): %s", e)
+        ray.kill(scheduler)  # a later fit() with the same name starts from a fresh scheduler
