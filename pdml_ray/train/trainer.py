@@ -78,15 +78,22 @@ def _one_copy_of_prints() -> Iterator[None]:
     Ray Train v2 (2.60) turns a worker's ``print`` into a log record, which its console handler writes
     to stderr, and prints it to stdout as well whenever ``sys.stdout is not sys.__stdout__`` (meant for a
     stream a library such as wandb wrapped). In a Ray worker that is always so: ``sys.stdout`` is Ray's
-    own ``Unbuffered`` wrapper around ``sys.__stdout__``, so every line went out twice and log_to_driver
-    streamed both (under ``TorchTrainer`` as well). For the loop ``sys.stdout`` is the stream Ray wraps,
-    line-buffered (Ray's wrapper flushes every write), so a print goes out once, through the log record."""
+    own ``Unbuffered`` wrapper of a stream on file descriptor 1, so every line went out twice and
+    log_to_driver streamed both (under ``TorchTrainer`` as well). For the loop ``sys.stdout`` is
+    ``sys.__stdout__``, on the same descriptor, line-buffered (Ray's wrapper flushes every write), so a
+    print goes out once, through the log record."""
     from ray._private.utils import Unbuffered
 
     wrapper, stream = sys.stdout, sys.__stdout__
-    if not (isinstance(wrapper, Unbuffered) and wrapper.stream is stream and stream is not None):
+    try:
+        same_fd = (isinstance(wrapper, Unbuffered) and stream is not None
+                   and wrapper.stream.fileno() == stream.fileno())
+    except (AttributeError, OSError, ValueError):  # a stream without a file descriptor: leave it as it is
+        same_fd = False
+    if not same_fd or stream is None:
         yield
         return
+    wrapper.flush()
     line_buffering = stream.line_buffering
     stream.reconfigure(line_buffering=True)
     sys.stdout = stream

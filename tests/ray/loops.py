@@ -172,18 +172,30 @@ def short_loop(config):
 
 
 def resumable_loop(config):
-    """Two epochs with a checkpoint every 4 steps (ctx.report); with ``crash_at``, rank 1 dies once at
-    that step. Every rank appends (attempt, step, epoch, indices) to its own log; rank 0 writes the loss."""
+    """``config["epochs"]`` epochs through ``ctx.epoch`` or, with ``sampler``, a DataLoader over
+    ``ctx.batch_sampler``; a checkpoint every 4 steps (ctx.report). With ``crash_at``, rank 1 dies once at
+    that step. Every rank appends (attempt, step, epoch, indices) to its own log; rank 0 writes the final
+    parameters, and the number of copies of one print that reached its stdout and stderr files."""
     import os
+    import sys
     import tempfile
 
     import ray.train
+    from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
     ctx = get_context()
-    n = config["num_samples"]
+    n, out = config["num_samples"], config["out"]
+    if ctx.rank == 0:
+        marker = f"pdml-print-marker-{os.getpid()}-{ctx.global_step}"
+        print(marker, flush=True)
+        sys.stderr.flush()
+        sinks = [os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)]
+        copies = sum(open(s, errors="replace").read().count(marker) for s in sinks if os.path.isfile(s))
+        with open(out + ".prints", "a") as f:
+            f.write(json.dumps({"sinks": sinks, "copies": copies}) + "\n")
     x, y = make_classification(n, 16, 3, seed=7)
-    model = make_mlp(16, 64, 3, depth=1, seed=7)
+    model = make_mlp(16, 64, 3, depth=1, seed=7)  # no dropout: a resumed run can match bit for bit
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:  # the user's own state, as in any Ray Train loop
@@ -192,32 +204,37 @@ def resumable_loop(config):
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
     model = ctx.prepare_model(model)
-    marker = config["out"] + ".crashed"
-    attempt = 1 if os.path.exists(marker) else 0
-    with open(f"{config['out']}.rank{ctx.rank}", "a") as log:
-        for epoch in range(ctx.start_epoch, 2):
-            for batch in ctx.epoch(epoch, n):
-                with ctx.step(batch) as step:
-                    loss = step.loss(F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none"))
+    marker_file = out + ".crashed"
+    attempt = 2 * config.get("run", 0) + int(os.path.exists(marker_file))  # which fit(), restarted or not
+    data = TensorDataset(torch.arange(n))
+    with open(f"{out}.rank{ctx.rank}", "a") as log:
+        for epoch in range(ctx.start_epoch, config["epochs"]):
+            if config["sampler"]:
+                batches = ((ctx.step(), ids.numpy()) for (ids,) in DataLoader(data, batch_sampler=ctx.batch_sampler(epoch, n)))
+            else:
+                batches = ((ctx.step(b), b.indices) for b in ctx.epoch(epoch, n))
+            for scope, indices in batches:
+                step_number = ctx.global_step
+                with scope as step:
+                    loss = step.loss(F.cross_entropy(model(x[indices]), y[indices], reduction="none"))
                     loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
-                log.write(json.dumps({"attempt": attempt, "step": batch.step, "epoch": epoch,
-                                      "indices": batch.indices.tolist()}) + "\n")
+                log.write(json.dumps({"attempt": attempt, "step": step_number, "epoch": epoch,
+                                      "indices": [int(i) for i in indices]}) + "\n")
                 log.flush()
-                if batch.step == config.get("crash_at") and ctx.rank == 1 and attempt == 0:
-                    open(marker, "w").close()
+                if step_number == config.get("crash_at") and ctx.rank == 1 and not os.path.exists(marker_file):
+                    open(marker_file, "w").close()
                     os._exit(1)  # a worker dies: Ray Train restarts the group from the last checkpoint
-                if (batch.step + 1) % 4 == 0:
+                if (step_number + 1) % 4 == 0:
                     with tempfile.TemporaryDirectory() as d:
                         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
                                    os.path.join(d, "model.pt"))
-                        ctx.report({"step": batch.step}, checkpoint=ray.train.Checkpoint.from_directory(d))
-    with torch.no_grad():
-        final = float(F.cross_entropy(model(x), y))
+                        ctx.report({"step": step_number}, checkpoint=ray.train.Checkpoint.from_directory(d))
     if ctx.rank == 0:
-        with open(config["out"] + ".loss", "w") as f:
-            json.dump({"loss": final, "attempt": attempt}, f)
+        params = torch.cat([p.detach().flatten() for p in model.module.parameters()])
+        with open(out + ".params", "w") as f:
+            json.dump({"params": params.tolist(), "attempt": attempt}, f)
 
 
 def dataloader_loop(config):
