@@ -80,7 +80,7 @@ def train_loop(config: dict) -> None:
             with ctx.step() as step:
                 logits = model(tokens[:, :-1])  # (b, T, vocab)
                 per_token = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (b, T)
-                step.loss(per_token.mean(dim=1)).backward()  # one loss per sequence
+                step.loss(per_token).backward()  # reduced per sequence, then over the global batch
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if ctx.rank == 0 and ctx.global_step % config["log_every"] == 0:
@@ -107,8 +107,9 @@ def main() -> None:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--name", default=None, help="run name; an existing run of that name is resumed from its last "
-                                                "checkpoint (default: a new name per invocation)")
+    p.add_argument("--name", default=None, help="run name; an existing run of that name (in --storage) continues "
+                                                "from its last checkpoint, e.g. --epochs 1 then --epochs 2 trains "
+                                                "the second epoch (default: a new name per invocation)")
     p.add_argument("--storage", default=None, help="Ray Train storage_path (default ~/ray_results)")
     args = p.parse_args()
 
