@@ -45,13 +45,34 @@ def missed_targets(result: dict[str, Any]) -> list[str]:
     return [name for name, t in result.get("targets", {}).items() if not t["met"]]
 
 
-def git_rev() -> str:
+GIT_REV_ENV = "PDML_GIT_REV"
+"""Environment variable naming the commit a run comes from when the code has no ``.git`` (a clean
+``git archive`` of a commit, extracted elsewhere): git_rev() reports it, marked clean."""
+
+
+def git_state(where: Path | None = None) -> tuple[str, bool | None]:
+    """(short commit, dirty) of the code in ``where`` (default: this package): dirty is True when tracked
+    files differ from that commit (the figures then come from code no commit holds), None when unknown.
+    Without a git work tree, the commit ``PDML_GIT_REV`` names."""
+    here = where or Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=here)
+        if rev.returncode == 0 and rev.stdout.strip():
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                    text=True, timeout=30, cwd=here)
+            dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+            return rev.stdout.strip(), dirty
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        pass
+    pinned = os.environ.get(GIT_REV_ENV, "").strip()
+    return (pinned, False) if pinned else ("unknown", None)
+
+
+def git_rev(where: Path | None = None) -> str:
+    """The short commit, with ``-dirty`` appended when tracked files differ from it."""
+    rev, dirty = git_state(where)
+    return f"{rev}-dirty" if dirty else rev
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:
@@ -89,9 +110,11 @@ def median(values: Sequence[float | None]) -> float | None:
 
 
 def finish(args: argparse.Namespace, result: dict[str, Any], emulated: dict[str, Any]) -> dict[str, Any]:
-    """Add the standard fields (command, git_rev, machine, emulated) and write --json if asked."""
+    """Add the standard fields (command, git_rev, git_dirty, machine, emulated) and write --json if asked."""
+    rev, dirty = git_state()
     full = {"command": "pdml-ray " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "",
-            "git_rev": git_rev(), "machine": machine_info(args.device), "emulated": emulated, **result}
+            "git_rev": f"{rev}-dirty" if dirty else rev, "git_dirty": dirty, "machine": machine_info(args.device),
+            "emulated": emulated, **result}
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -129,16 +129,23 @@ def summarise(result, skip: int) -> dict[str, Any]:
 def figures(uniform: dict, pdml: dict, global_batch: int, speeds: list[float] | None = None) -> dict[str, Any]:
     """Predicted and measured speedups from one pair of runs.
 
-    Each worker's own speed is its rate under uniform shares (every worker on the same batch):
-    ``ideal_speedup`` predicts uniform and perfectly balanced step times from those rates plus
-    ``extras_s``, the uniform run's median time per step outside its slowest worker's compute (the
-    all-reduce, the optimizer, data, Python: the same in both arms, and no balance removes it);
-    ``efficiency`` is that balanced prediction over the measured node-priority step.
-    ``efficiency_pdml_rates`` is the same from the rates seen under node priorities: with more workers
-    than cores a worker's rate depends on what the others run beside it, so the two bracket the truth.
-    ``speeds`` (the emulated speeds, sleep compute mode only) add ``ideal_speedup_emulated`` (from the
-    speeds alone) and ``share_error_vs_speeds``: the largest relative gap between a worker's share and
-    its speed's share.
+    ``ideal_speedup`` is an upper bound on ``speedup_vs_uniform``: the measured uniform step over the
+    shortest step any split of the global batch could take, ``global_batch / sum(best rates) +
+    least extras``. A worker's best rate is the higher of its rates in the two runs (samples/s), and
+    the extras (the all-reduce, the optimizer, data, Python: time per step outside the slowest
+    worker's compute) the lower of the two runs' medians. It bounds the measured step because a step
+    lasts ``max_i b_i / r_i + extras`` and ``max_i b_i / r_i >= sum b_i / sum r_i``. Rates measured
+    under uniform shares alone do not bound it: with more workers than cores, all four compute at
+    once under uniform shares, while under node priorities the fast workers compute partly alone
+    once the slow ones are done, at a higher rate (and a slow worker's emulated sleep scales with its
+    measured compute). ``speedup_predicted_uniform_rates`` is that prediction from the uniform run's
+    rates and extras, which the measured speedup can exceed.
+
+    ``efficiency`` is the shortest possible step over the measured node-priority step (<= 1);
+    ``efficiency_pdml_rates`` the same from the node-priority run's own rates and extras (how well
+    its split balances the rates it met). ``speeds`` (the emulated speeds, sleep compute mode only)
+    add ``ideal_speedup_emulated`` (from the speeds alone) and ``share_error_vs_speeds``: the
+    largest relative gap between a worker's share and its speed's share.
 
     ``scheduler_overhead_fraction`` is everything pdml-ray costs a step: the workers' bookkeeping, the
     boundary broadcast (with its wait for the last rank) and the scheduler actor's own CPU time per
@@ -146,17 +153,22 @@ def figures(uniform: dict, pdml: dict, global_batch: int, speeds: list[float] | 
     """
     rates = np.array(uniform["rates"])
     rates_pdml = np.array(pdml["rates"])
+    best_rates = np.maximum(rates, rates_pdml)
     n = len(rates)
     comm_s, extras_s = pdml["comm_s"], uniform["extras_s"]
+    least_extras_s = min(uniform["extras_s"], pdml["extras_s"])
+    shortest_step_s = global_batch / best_rates.sum() + least_extras_s
     uniform_pred = max((global_batch / n) / r for r in rates) + extras_s
-    balanced_pred = global_batch / rates.sum() + extras_s
     scheduler_cpu = pdml["scheduler_cpu_s_per_step"] / pdml["step_s"]
-    out = {"rates": rates.tolist(), "rates_pdml": rates_pdml.tolist(), "comm_s": comm_s, "extras_s": extras_s,
-           "ideal_speedup": uniform_pred / balanced_pred,
+    out = {"rates": rates.tolist(), "rates_pdml": rates_pdml.tolist(), "best_rates": best_rates.tolist(),
+           "comm_s": comm_s, "extras_s": extras_s, "extras_s_pdml": pdml["extras_s"],
+           "shortest_step_s": shortest_step_s,
+           "ideal_speedup": uniform["step_s"] / shortest_step_s,
+           "speedup_predicted_uniform_rates": uniform_pred / (global_batch / rates.sum() + extras_s),
            "ideal_speedup_no_comm": float(rates.sum() / (n * rates.min())),
            "speedup_vs_uniform": uniform["step_s"] / pdml["step_s"],
-           "efficiency": balanced_pred / pdml["step_s"],
-           "efficiency_pdml_rates": (global_batch / rates_pdml.sum() + extras_s) / pdml["step_s"],
+           "efficiency": shortest_step_s / pdml["step_s"],
+           "efficiency_pdml_rates": (global_batch / rates_pdml.sum() + pdml["extras_s"]) / pdml["step_s"],
            "step_s_uniform": uniform["step_s"], "step_s_pdml": pdml["step_s"],
            "loss_uniform": uniform["loss"], "loss_pdml": pdml["loss"],
            "worker_overhead_fraction": pdml["overhead_fraction"], "scheduler_cpu_fraction": scheduler_cpu,
@@ -171,8 +183,9 @@ def figures(uniform: dict, pdml: dict, global_batch: int, speeds: list[float] | 
 
 
 def targets(result: dict[str, Any], compute: str) -> dict[str, dict[str, Any]]:
-    """The benchmark's targets: stricter in the sleep compute mode, where the ideal is exact.
-    ``efficiency`` (under the uniform run's rates) is the one the efficiency target uses."""
+    """The benchmark's targets: stricter in the sleep compute mode, where contention barely moves the
+    rates and the bound is tight; with real compute the best rates of the two runs cannot all occur
+    at once on a shared machine, so the bound is loose there."""
     strict = compute == "sleep"
     need = 0.95 if strict else 0.85
     out = {
@@ -226,7 +239,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if started_here:
             ray.shutdown()
 
-    keys = ["ideal_speedup", "ideal_speedup_no_comm", "speedup_vs_uniform", "efficiency", "efficiency_pdml_rates",
+    keys = ["ideal_speedup", "speedup_predicted_uniform_rates", "shortest_step_s", "extras_s_pdml",
+            "ideal_speedup_no_comm", "speedup_vs_uniform", "efficiency", "efficiency_pdml_rates",
             "comm_s", "extras_s", "loss_uniform", "loss_pdml", "scheduler_overhead_fraction", "worker_overhead_fraction",
             "scheduler_cpu_fraction", "step_s_uniform", "step_s_pdml"]
     if sleep_speeds is not None:
@@ -234,18 +248,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {key: float(np.median([r[key] for r in per_repeat])) for key in keys}
     result["rates"] = np.median([r["rates"] for r in per_repeat], axis=0).tolist()
     result["rates_pdml"] = np.median([r["rates_pdml"] for r in per_repeat], axis=0).tolist()
+    result["best_rates"] = np.median([r["best_rates"] for r in per_repeat], axis=0).tolist()
     result.update(sync=args.sync, compute=args.compute, speeds=speeds, workers=len(speeds), steps=steps,
                   steady_state_from_step=skip, repeats=repeats, global_batch=args.global_batch,
                   hidden=hidden_width(args), batch_sizes=per_repeat[-1]["batch_sizes"], per_repeat=per_repeat)
     if args.compute == "sleep":
         result["per_sample_ms"] = args.per_sample_ms
     result["targets"] = targets(result, args.compute)
-    rows = [["ideal speedup (rates + extras)", result["ideal_speedup"]],
+    rows = [["ideal speedup (upper bound: best rates + least extras)", result["ideal_speedup"]],
+            ["predicted speedup (uniform run's rates + extras)", result["speedup_predicted_uniform_rates"]],
             ["ideal speedup (compute alone)", result["ideal_speedup_no_comm"]]]
     if sleep_speeds is not None:
         rows.append(["ideal speedup (emulated speeds alone)", result["ideal_speedup_emulated"]])
     rows += [["measured speedup vs uniform", result["speedup_vs_uniform"]],
-             ["efficiency (uniform run's rates / pdml run's)",
+             ["efficiency (bound / pdml run's own rates)",
               f"{result['efficiency']:.4g} / {result['efficiency_pdml_rates']:.4g}"],
              ["step time uniform / pdml (ms)", f"{result['step_s_uniform'] * 1e3:.1f} / {result['step_s_pdml'] * 1e3:.1f}"],
              ["per-step extras / all-reduce alone (ms)", f"{result['extras_s'] * 1e3:.1f} / {result['comm_s'] * 1e3:.1f}"],

@@ -1,0 +1,49 @@
+"""``bench hetero``'s ideal speedup is an upper bound on the measured one, Ray-free on its formula
+(``figures``): runs are modelled as a step of ``max_i b_i / r_i + extras``, where a worker's rate
+``r_i`` depends on the run, as with more workers than cores, where the fast workers compute partly
+alone once the slow ones are done under node priorities but all at once under uniform shares."""
+
+import numpy as np
+import pytest
+
+from pdml_ray.bench.hetero import figures
+
+
+def _summary(rates, batch_sizes, extras_s):
+    step_s = max(b / r for b, r in zip(batch_sizes, rates)) + extras_s
+    return {"step_s": step_s, "rates": list(rates), "loss": 1.0, "extras_s": extras_s, "overhead_fraction": 0.0,
+            "scheduler_cpu_s_per_step": 0.0, "comm_s": 0.005, "batch_sizes": list(batch_sizes)}
+
+
+def _pair(uniform_rates, pdml_rates, global_batch, extras_uniform, extras_pdml):
+    n = len(uniform_rates)
+    uniform = _summary(uniform_rates, [global_batch / n] * n, extras_uniform)
+    # node priorities split in proportion to the rates they meet (a perfect split)
+    shares = np.asarray(pdml_rates) / np.sum(pdml_rates)
+    return uniform, _summary(pdml_rates, global_batch * shares, extras_pdml)
+
+
+def test_contended_uniform_rates_no_longer_give_an_ideal_below_the_measured_speedup():
+    # speeds 1, 0.5, 0.5, 0.25 on 2 cores: under uniform shares all four compute at once (fast
+    # workers ~5,000 samples/s), under node priorities the fast one computes partly alone (~8,000)
+    uniform, pdml = _pair([5000, 2500, 2500, 1250], [8000, 2600, 2600, 1250], 1024, 0.012, 0.012)
+    f = figures(uniform, pdml, 1024)
+    assert f["speedup_predicted_uniform_rates"] < f["speedup_vs_uniform"]  # the old estimate: 1.91 < 2.21 in kind
+    assert f["speedup_vs_uniform"] <= f["ideal_speedup"] + 1e-12
+    assert f["efficiency"] <= 1.0 + 1e-12
+    assert f["efficiency"] == pytest.approx(1.0)  # the split was perfect for the rates it met
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_ideal_bounds_every_consistent_pair_of_runs(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 9))
+    uniform_rates = rng.uniform(500, 8000, n)
+    pdml_rates = uniform_rates * rng.uniform(0.5, 2.0, n)  # contention moves each worker either way
+    uniform, pdml = _pair(uniform_rates, pdml_rates, 1024, *rng.uniform(0.0, 0.03, 2))
+    # any split, not only the perfect one, is slower than the bound
+    sizes = rng.dirichlet(np.ones(n)) * 1024
+    pdml = _summary(pdml_rates, sizes, pdml["extras_s"])
+    f = figures(uniform, pdml, 1024)
+    assert f["speedup_vs_uniform"] <= f["ideal_speedup"] * (1 + 1e-12)
+    assert f["efficiency"] <= 1.0 + 1e-12
