@@ -4,11 +4,17 @@ One process, no Ray: this measures the algorithm and its full overhead (sum-tree
 weights, score-table updates, continuity checks), not a cluster. Nothing is emulated: the data set
 (a seeded, generated binary task with 1 positive in ``--imbalance``), a small torch MLP trained with
 Adam on the CPU, every step of every arm, and all timings are real. The arms run interleaved step by
-step in the same process with the same initial weights, global batch, learning rate and step budget,
-so a noisy shared machine slows all alike:
+step in the same process with the same initial weights, global batch and step budget, so a noisy
+shared machine slows all alike. Each arm runs at its own best learning rate from one shared grid
+(``--lr-grid``): a sweep on seeds of its own (``--sweep-seeds``, never the measured ones) runs every
+arm at every rate of the grid and picks each arm's rate by the benchmark's target metric (median
+steps to the target F1, a miss counting as the budget; ties by time), so no arm is compared at a rate
+tuned for another. ``--lr`` instead runs every arm at one given rate, without a sweep.
 
 - ``uniform``: uniform sampling, plain mean loss (the baseline every ratio is taken against);
-- ``priority``: loss-priority sampling with the library's defaults (except ``unseen_score``):
+- ``priority``: loss-priority sampling with the library's defaults except what the bench sets
+  (``--unseen-score`` mean by default, where the library's is max, and ``--temperature`` and
+  ``--uniform-mix`` where given; the JSON lists them in ``overrides_of_library_defaults``):
   importance-weight exponent beta annealed 0.4 -> 1 over 1,000 steps, loss ``sum(w l) / sum(w)``;
 - ablations: ``priority_beta1`` (beta held at 1 from step 0: fully unbiased), ``priority_no_correction``
   (beta 0: every weight 1, the sampler's bias left in) and ``label_balanced`` (what a practitioner who
@@ -52,7 +58,8 @@ _LARGE_N = 10_000_000
 
 ARMS: dict[str, str] = {
     "uniform": "uniform sampling, plain mean loss (baseline)",
-    "priority": "loss priority, library defaults (beta 0.4 -> 1 over 1,000 steps)",
+    "priority": "loss priority, library defaults except the bench's overrides (overrides_of_library_defaults: "
+                "unseen_score mean by default), beta 0.4 -> 1 over 1,000 steps",
     "priority_beta1": "(a) loss priority, importance-weight exponent beta = 1 from step 0 (fully unbiased)",
     "priority_no_correction": "(b) loss priority, no importance correction (beta = 0: every weight 1)",
     "label_balanced": "(c) label-aware: classes drawn equally often, uniform within a class (minority "
@@ -75,7 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--imbalance", type=int, default=200, help="negatives per positive in training (default 200)")
     parser.add_argument("--dataset-size", type=int, default=20_000, metavar="N", help="training samples (default 20000)")
     parser.add_argument("--batch-size", type=int, default=128, help="global batch (default 128)")
-    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate, shared by all arms (default 3e-3)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="one Adam learning rate for every arm, no sweep (default: each arm's best of --lr-grid)")
+    parser.add_argument("--lr-grid", type=rate_list, default=LR_GRID,
+                        help="comma-separated Adam learning rates, one grid for every arm; a sweep picks each "
+                             f"arm's best by steps to the target (default {LR_GRID})")
+    parser.add_argument("--sweep-seeds", type=int, default=None,
+                        help="seeds of the learning-rate sweep, apart from the measured ones (default 3, quick 1)")
     parser.add_argument("--target-f1", type=float, default=0.8, help="minority-class F1 to reach (default 0.8)")
     parser.add_argument("--control-target-f1", type=float, default=0.99,
                         help="F1 the balanced control must reach (default 0.99: balanced data passes 0.8 in a few steps)")
@@ -95,6 +108,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "visits every sample once, i.e. one epoch, before it can focus)")
     parser.add_argument("--no-ablations", action="store_true",
                         help="run uniform and priority only (skip priority_beta1, priority_no_correction, label_balanced)")
+
+
+LR_GRID = "1e-3,3e-3,1e-2,3e-2,1e-1"
+"""The shared grid, half a decade apart from Adam's usual 1e-3; the JSON's lr_at_grid_edge names an arm whose best is an end."""
+_SWEEP_SEED_OFFSET = 1_000  # sweep seeds are seed + 1000 + k, never one of the measured seeds seed + r
+
+
+def rate_list(text: str) -> tuple[float, ...]:
+    """``--lr-grid``: finite learning rates > 0, comma-separated, each once."""
+    import argparse
+    import math
+
+    try:
+        rates = tuple(float(item) for item in text.split(","))
+    except ValueError:
+        rates = ()
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates) or len(set(rates)) != len(rates):
+        raise argparse.ArgumentTypeError(f"needs distinct finite learning rates > 0 separated by commas, e.g. "
+                                         f"{LR_GRID}; got {text[:80]!r}")
+    return tuple(sorted(rates))
+
+
+def choose_rates(sweep_trials: dict[float, list[dict[str, Any]]], arm_names: Sequence[str]) -> dict[str, float]:
+    """Each arm's best rate of the sweep: the fewest median steps to the target over the sweep's seeds
+    (a miss counts as the budget), ties broken by median time to the target, then by the lower rate."""
+    def score(lr: float, name: str) -> tuple[float, float, float]:
+        per = [t["arms"][name] for t in sweep_trials[lr]]
+        return (median([r["steps_bounded"] for r in per]) or 0.0, median([r["time_bounded_s"] for r in per]) or 0.0, lr)
+
+    return {name: min(sweep_trials, key=lambda lr: score(lr, name)) for name in arm_names}
 
 
 def _make_task(imbalance: int, n: int, seed: int):
@@ -126,7 +169,7 @@ def class_balanced_draw(rng: np.random.Generator, class_indices: Sequence[np.nda
 class _Arm:
     """One training run: model, optimiser, sampler, clocks (seconds) and the metric history."""
 
-    def __init__(self, name: str, x, y, args, seed: int, prioritizer=None) -> None:
+    def __init__(self, name: str, x, y, args, seed: int, lr: float, prioritizer=None) -> None:
         import torch
 
         torch.manual_seed(seed)  # same initial weights in every arm
@@ -134,7 +177,7 @@ class _Arm:
         h = args.hidden
         self.model = torch.nn.Sequential(torch.nn.Linear(_DIM, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
                                           torch.nn.ReLU(), torch.nn.Linear(h, 1))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=args.lr)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.sp = prioritizer
         labels = y.numpy()
         self.classes = [np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)] if name == "label_balanced" else None
@@ -217,8 +260,9 @@ class _Arm:
 
 
 def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, target: float,
-           arm_names: Sequence[str]) -> dict[str, Any]:
-    """All ``arm_names`` on one generated task, interleaved step by step."""
+           lrs: dict[str, float], stop_when_reached: bool = False) -> dict[str, Any]:
+    """Every arm of ``lrs`` (name -> its learning rate) on one generated task, interleaved step by step;
+    ``stop_when_reached``: end once every arm has reached the target (a sweep needs no more)."""
     import torch
 
     from pdml_ray.config import ContinuityConfig, SamplePriorityConfig
@@ -228,24 +272,27 @@ def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, tar
     x, y, xt, yt = map(torch.from_numpy, (x, y, xt, yt))
     continuity = ContinuityConfig() if args.check_interval is None else ContinuityConfig(check_interval=args.check_interval)
     arms = []
-    for name in arm_names:
+    for name, lr in lrs.items():
         sp = None
         if name in _PRIORITY_ARMS:
             cfg = SamplePriorityConfig(exponent=args.temperature, uniform_mix=args.uniform_mix,
                                        unseen_score=args.unseen_score, **_PRIORITY_ARMS[name])
             sp = SamplePrioritizer(args.dataset_size, cfg, continuity, seed=seed)
-        arms.append(_Arm(name, x, y, args, seed, sp))
+        arms.append(_Arm(name, x, y, args, seed, lr, sp))
     for step in range(max_steps):
         for arm in arms:
             arm.step(step)
             if step % eval_every == 0 or step == max_steps - 1:
                 arm.evaluate(step + 1, xt, yt, target)  # step + 1 = optimizer steps taken
+        if stop_when_reached and all(arm.hit_step is not None for arm in arms):
+            break
     results = {arm.name: arm.result(max_steps) for arm in arms}
     u = results["uniform"]
     for name, r in results.items():
         r["step_ratio"] = u["steps_bounded"] / r["steps_bounded"]   # uniform / arm, misses as the budget
         r["time_ratio"] = u["time_bounded_s"] / r["time_bounded_s"]
-    return {"seed": seed, "imbalance": imbalance, "max_steps": max_steps, "target_value": target, "arms": results}
+    return {"seed": seed, "imbalance": imbalance, "max_steps": max_steps, "target_value": target,
+            "lr": dict(lrs), "arms": results}
 
 
 def _arm_summary(trials: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -287,6 +334,15 @@ def _summary(trials: list[dict[str, Any]], arm_names: Sequence[str]) -> dict[str
         out[key] = p[key]
     out["arms"] = arms
     return out
+
+
+def library_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The priority arms' settings that differ from ``SamplePriorityConfig()``'s, as field -> value."""
+    from pdml_ray.config import SamplePriorityConfig
+
+    library = SamplePriorityConfig()
+    mine = {"exponent": args.temperature, "uniform_mix": args.uniform_mix, "unseen_score": args.unseen_score}
+    return {k: v for k, v in mine.items() if getattr(library, k) != v}
 
 
 def _sumtree_timing(reps: int, seed: int) -> dict[str, Any]:
@@ -395,18 +451,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     max_steps = args.max_steps or (900 if args.quick else 1500)
     check_interval = ContinuityConfig().check_interval if args.check_interval is None else args.check_interval
     arm_names = ["uniform", "priority"] + ([] if args.no_ablations else list(ABLATIONS))
+    overrides = library_overrides(args)
+    grid = (args.lr,) if args.lr is not None else args.lr_grid
+    sweep_seeds = [args.seed + _SWEEP_SEED_OFFSET + k for k in range(args.sweep_seeds or (1 if args.quick else 3))]
     print("pdml-ray bench sampling: one process, no Ray. Nothing emulated: real generated data, real torch MLP\n"
           f"training on the CPU, real timings; arms {', '.join(arm_names)} interleaved step by step (same init,\n"
-          "batch, lr, budget). N = 1e7 cost timings use synthetic scores (no training at that size).")
+          "batch, budget; each arm at its own best rate of one grid). N = 1e7 cost timings use synthetic scores.\n"
+          f"priority arms: library defaults except {overrides}")
     # Warm-up, discarded: first calls into torch and numpy (allocators, lazy imports, kernel choice)
     # cost milliseconds once per process and would land on whichever arm runs first.
-    _trial(args.imbalance, args, args.seed + 10_000, 60, 30, args.target_f1, arm_names)
+    _trial(args.imbalance, args, args.seed + 10_000, 60, 30, args.target_f1, {n: grid[0] for n in arm_names})
+    sweep: dict[float, list[dict[str, Any]]] = {}
+    if len(grid) > 1:
+        for lr in grid:  # every arm at every rate, on the sweep's own seeds, until each has reached the target
+            sweep[lr] = [_trial(args.imbalance, args, seed, max_steps, args.eval_every, args.target_f1,
+                                {n: lr for n in arm_names}, stop_when_reached=True) for seed in sweep_seeds]
+            print(f"  sweep lr {lr:g}: steps to F1>={args.target_f1} (median over seeds {sweep_seeds}): "
+                  + ", ".join(f"{n} {median([t['arms'][n]['steps_bounded'] for t in sweep[lr]]):g}"
+                              for n in arm_names), flush=True)
+        lrs = choose_rates(sweep, arm_names)
+    else:
+        lrs = {n: grid[0] for n in arm_names}
+    print("  learning rate per arm: " + ", ".join(f"{n} {lr:g}" for n, lr in lrs.items()), flush=True)
     runs, controls = [], []
     for r in range(reps):
         seed = args.seed + r
-        runs.append(_trial(args.imbalance, args, seed, max_steps, args.eval_every, args.target_f1, arm_names))
+        runs.append(_trial(args.imbalance, args, seed, max_steps, args.eval_every, args.target_f1, lrs))
         # Balanced data reaches the target within tens of steps: evaluate every step to resolve it.
-        controls.append(_trial(1, args, seed, min(max_steps, 300), 1, args.control_target_f1, ["uniform", "priority"]))
+        controls.append(_trial(1, args, seed, min(max_steps, 300), 1, args.control_target_f1,
+                               {n: lrs[n] for n in ("uniform", "priority")}))
         a, c = runs[-1]["arms"], controls[-1]["arms"]
         stats = a["priority"]["priority_stats"]
         print(f"  seed {seed}: steps to F1>={args.target_f1}: " + ", ".join(f"{n} {a[n]['steps_to_target']}" for n in arm_names)
@@ -426,7 +499,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "note": "one process, no Ray: the sampling algorithm and all its overhead on a real (generated) task",
         "target_metric": "minority_f1 (positive-class F1 on a balanced held-out set, threshold 0.5)",
         "target_value": args.target_f1, "imbalance": args.imbalance, "dataset_size": args.dataset_size,
-        "batch_size": args.batch_size, "lr": args.lr, "max_steps": max_steps, "repetitions": reps,
+        "batch_size": args.batch_size, "max_steps": max_steps, "repetitions": reps,
+        "lr_grid": list(grid), "lr_by_arm": lrs,
+        "lr_at_grid_edge": [n for n, lr in lrs.items() if len(grid) > 1 and lr in (grid[0], grid[-1])],
+        "lr_sweep": {"seeds": sweep_seeds if sweep else [], "selection": "each arm's fewest median steps to the "
+                     "target over the sweep seeds (a miss counts as the budget), ties by time; the measured seeds "
+                     "are not among them; a sweep trial ends once every arm has reached the target",
+                     "per_rate": {f"{lr:g}": {n: {"steps_to_target": median([t["arms"][n]["steps_bounded"] for t in ts]),
+                                                  "time_to_target_s": median([t["arms"][n]["time_bounded_s"] for t in ts]),
+                                                  "reached": sum(t["arms"][n]["reached"] for t in ts)}
+                                              for n in arm_names} for lr, ts in sweep.items()}},
+        "overrides_of_library_defaults": overrides,
         "sample_priority": {"exponent": args.temperature, "uniform_mix": args.uniform_mix,
                             "unseen_score": args.unseen_score},
         "plan_ahead": args.plan_ahead, "continuity_check_interval": check_interval,
@@ -451,6 +534,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print_table(["arm (median over seeds)", "steps", "time (s)", "step ratio", "time ratio", "reached", "final F1",
                  "step (ms)"], rows,
                 title=f"imbalance {args.imbalance}, N={args.dataset_size}, batch {args.batch_size}, {reps} seed(s), "
+                      f"lr per arm {', '.join(f'{n} {lr:g}' for n, lr in lrs.items())}, "
                       f"budget {max_steps} steps; ratios {RATIO_DIRECTION}; a miss counts as the budget")
     print(f"priority overhead {summary['priority_overhead_fraction']:.1%} of a priority step; continuity "
           f"{summary['continuity_overhead_fraction']:.3%} of a step (checks {summary['continuity_check_us']:.0f} us "
