@@ -40,8 +40,10 @@ def test_arms_train_at_the_rates_they_are_given():
     args = _parse(["--dataset-size", "400", "--hidden", "8"])
     trial = sampling._trial(50, args, 0, 3, 1, 0.8, {"uniform": 1e-2, "priority": 3e-3})
     assert trial["lr"] == {"uniform": 1e-2, "priority": 3e-3}
+    import torch
+
     (x, y), _ = sampling._make_task(50, 400, 0)
-    arm = sampling._Arm("uniform", x, y, args, 0, 3e-2)
+    arm = sampling._Arm("uniform", torch.from_numpy(x), torch.from_numpy(y), args, 0, 3e-2)
     assert arm.opt.param_groups[0]["lr"] == 3e-2
 
 
