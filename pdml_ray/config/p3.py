@@ -25,7 +25,8 @@ class P3Config:
 
     policy: str = "p3"
     """Send order, a name in ``pdml_ray.p3.queue.QUEUES``: ``p3`` (priority by layer in forward order,
-    preemption at slice granularity), ``fifo`` (backward order), ``bucketed`` (DDP-like buckets of
+    preemption at slice granularity), ``fifo`` (backward order), ``layer-fifo`` (backward order, one
+    message per layer, no slicing: the P3 paper's baseline), ``bucketed`` (DDP-like buckets of
     ``bucket_bytes``, each sent, or all-reduced, as one message once all its slices are ready)."""
     slice_elements: int = P3_SLICE_ELEMENTS
     """Elements (parameters) per slice; a layer's last slice may be smaller. Slices never cross layers."""

@@ -3,10 +3,10 @@ sent in the order the next forward pass needs them. Ray-free core, shared by the
 all-reduce runtime (``pdml_ray.train.p3_sync``) and the parameter-server runtime.
 
     slicing.py   SlicePlan: layers cut into slices, priority = layer index in forward order
-    queue.py     send queues by name (p3 / fifo / bucketed), preemption, the credit window
+    queue.py     send queues by name (p3 / fifo / layer-fifo / bucketed), preemption, the credit window
     link.py      LinkModel (bandwidth, latency, per-message overhead), EmulatedLink (wall clock)
     simulate.py  one iteration as discrete events; send_order for fixed collective orders
-    sweep.py     P3 / FIFO / bucketed over comm/compute ratios (python -m pdml_ray.p3.sweep)
+    sweep.py     P3 / FIFO / per-layer FIFO / bucketed over comm/compute ratios (python -m pdml_ray.p3.sweep)
     models.py    layer lists of VGG-19, ResNet-50, a GPT-style stack
     auto.py      slice size and credit from the measured link (rule, then a simulated search)
     ps.py        Runtime 1's core: parameter-server shards and P3 workers (hooks, EMULATED links)

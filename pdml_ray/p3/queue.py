@@ -1,6 +1,6 @@
 """Send queues: which ready slice goes on the wire next, and how many bytes may be in flight.
 
-Three policies, one registry (``QUEUES``), all with the same four calls: ``push(slice)`` when a
+Four policies, one registry (``QUEUES``), all with the same four calls: ``push(slice)`` when a
 slice's gradient (or updated parameter) is ready, ``pop()`` for the next ``Message`` the credit
 allows, ``ack(message)`` when it has arrived, and ``in_flight_bytes``.
 
@@ -11,6 +11,9 @@ allows, ``ack(message)`` when it has arrived, and ``in_flight_bytes``.
   product leaves it idle (``pdml_ray.p3.auto`` balances the two, as ByteScheduler's tuning does).
 - ``fifo``: first in, first out, in the order gradients become ready (backward order: last layer
   first), one slice per message. MXNet's default push order.
+- ``layer-fifo``: the baseline of the P3 paper (MXNet's parameter server without slicing): one
+  message per layer, whole, in the order layers become ready (backward order). The slices still
+  exist (the plan is shared) but travel together, so a layer is on the wire or waiting as one.
 - ``bucketed``: DDP's scheme: slices grouped into buckets of about ``bucket_bytes`` (25 MB by
   default, DDP's ``bucket_cap_mb``) in reverse parameter order; a bucket goes as one message once all
   its slices are ready, in the order buckets complete.
@@ -172,15 +175,21 @@ def ddp_buckets(plan: SlicePlan, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[t
     return [tuple(reversed(b)) for b in buckets]
 
 
+def layer_groups(plan: SlicePlan) -> list[tuple[Slice, ...]]:
+    """One group per layer, whole, last layer first (the order backward makes them ready)."""
+    return [plan.slices_of(layer) for layer in reversed(range(plan.num_layers))]
+
+
 class BucketedQueue(SendQueue):
-    """DDP-like: a bucket goes as one message once all its slices are ready."""
+    """DDP-like: a bucket goes as one message once all its slices are ready (``groups``: the buckets,
+    default DDP's of ``bucket_bytes``)."""
 
     name = "bucketed"
 
     def __init__(self, plan: SlicePlan, credit_bytes: float | None = None,
-                 bucket_bytes: int = DDP_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DDP_BUCKET_BYTES, groups: list[tuple[Slice, ...]] | None = None) -> None:
         super().__init__(plan, credit_bytes)
-        self.buckets = ddp_buckets(plan, bucket_bytes)
+        self.buckets = groups if groups is not None else ddp_buckets(plan, bucket_bytes)
         self._bucket_of = {s.index: b for b, bucket in enumerate(self.buckets) for s in bucket}
         self._missing = [len(b) for b in self.buckets]
         self._queued_slices = 0
@@ -209,7 +218,17 @@ class BucketedQueue(SendQueue):
         return self._queued_slices
 
 
-QUEUES: dict[str, type[SendQueue]] = {"p3": PriorityQueue, "fifo": FifoQueue, "bucketed": BucketedQueue}
+class LayerFifoQueue(BucketedQueue):
+    """Per-layer FIFO, P3's paper baseline: each layer one message, whole, once its gradient is ready."""
+
+    name = "layer-fifo"
+
+    def __init__(self, plan: SlicePlan, credit_bytes: float | None = None) -> None:
+        super().__init__(plan, credit_bytes, groups=layer_groups(plan))
+
+
+QUEUES: dict[str, type[SendQueue]] = {"p3": PriorityQueue, "fifo": FifoQueue, "layer-fifo": LayerFifoQueue,
+                                      "bucketed": BucketedQueue}
 
 
 def make_queue(policy: str, plan: SlicePlan, credit_bytes: float | None = None,

@@ -5,7 +5,7 @@ aggregate when this worker's push of it arrives):
 
 1. backward produces gradients layer by layer, last layer first (``backward_s`` each); a layer's
    slices are pushed to the uplink's send queue when its backward ends;
-2. the send queue (``p3`` / ``fifo`` / ``bucketed``, ``pdml_ray.p3.queue``) hands messages to the
+2. the send queue (``p3`` / ``fifo`` / ``layer-fifo`` / ``bucketed``, ``pdml_ray.p3.queue``) hands messages to the
    uplink (``pdml_ray.p3.link``); an arrival frees credit;
 3. the server updates a slice on arrival and sends the updated parameters back (the pull) through a
    send queue of the same policy on the downlink;
@@ -14,10 +14,10 @@ aggregate when this worker's push of it arrives):
 The iteration time is the end of that forward, counted from the start of backward: the steady state
 of back-to-back iterations (the forward cannot end before every pull has arrived, so nothing carries
 over). It can never beat ``bound_s = max(compute, communication)`` (communication: all bytes through
-the uplink at its bandwidth). Baselines (``fifo``, ``bucketed``) have no window (their order cannot
+the uplink at its bandwidth). Baselines (``fifo``, ``layer-fifo``, ``bucketed``) have no window (their order cannot
 change, a window would only idle the link); ``credit_bytes`` applies to ``p3``.
 
-Run ``python -m pdml_ray.p3.sweep`` for the table of P3 / FIFO / bucketed iteration times of
+Run ``python -m pdml_ray.p3.sweep`` for the table of P3 / FIFO / per-layer FIFO / bucketed iteration times of
 VGG-19, ResNet-50 and a GPT-style stack at several comm/compute ratios (bandwidth EMULATED, compute
 MODELLED from FLOPs).
 """

@@ -1,4 +1,4 @@
-"""P3 / FIFO / DDP-bucketed side by side over a range of bandwidths: where P3's gain appears.
+"""P3 / FIFO / per-layer FIFO / DDP-bucketed side by side over a range of bandwidths: where P3's gain appears.
 
     python -m pdml_ray.p3.sweep [--models vgg19 resnet50 gpt] [--ratios 0.5 1 2] [--no-auto] [--json FILE]
 
@@ -26,6 +26,7 @@ class SweepRow:
     bandwidth_gbps: float
     p3_s: float
     fifo_s: float
+    layer_fifo_s: float  # one message per layer, no slicing: the P3 paper's baseline
     bucketed_s: float
     bound_s: float
     p3_slice_elements: int
@@ -36,8 +37,12 @@ class SweepRow:
         return self.p3_s / self.fifo_s
 
     @property
+    def p3_vs_layer_fifo(self) -> float:
+        return self.p3_s / self.layer_fifo_s
+
+    @property
     def p3_vs_best_baseline(self) -> float:
-        return self.p3_s / min(self.fifo_s, self.bucketed_s)
+        return self.p3_s / min(self.fifo_s, self.layer_fifo_s, self.bucketed_s)
 
 
 def sweep(profile: ModelProfile, ratios: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0),
@@ -58,28 +63,32 @@ def sweep(profile: ModelProfile, ratios: tuple[float, ...] = (0.25, 0.5, 1.0, 2.
             credit = credit_bytes if credit_bytes is not None else 4.0 * slice_elements * profile.element_size
         p3 = simulate_iteration(profile, "p3", link, slice_elements=slices, credit_bytes=credit, allreduce=allreduce)
         fifo = simulate_iteration(profile, "fifo", link, slice_elements=slice_elements, allreduce=allreduce)
+        layer = simulate_iteration(profile, "layer-fifo", link, slice_elements=slice_elements, allreduce=allreduce)
         bucketed = simulate_iteration(profile, "bucketed", link, slice_elements=slice_elements, allreduce=allreduce)
         rows.append(SweepRow(profile.name, ratio, link.bandwidth_Bps * 8 / 1e9, p3.iteration_s, fifo.iteration_s,
-                             bucketed.iteration_s, p3.bound_s, slices, credit))
+                             layer.iteration_s, bucketed.iteration_s, p3.bound_s, slices, credit))
     return rows
 
 
 def format_sweep(rows: list[SweepRow]) -> str:
     lines = [f"# {EMULATION_NOTE}; compute MODELLED from FLOPs",
-             f"{'model':9s} {'comm/comp':>9s} {'Gb/s':>7s} {'p3 ms':>8s} {'fifo ms':>8s} {'bucket ms':>9s} "
-             f"{'bound ms':>8s} {'p3/fifo':>7s} {'p3/best':>7s} {'slice':>7s} {'credit KB':>9s}"]
+             f"{'model':9s} {'comm/comp':>9s} {'Gb/s':>7s} {'p3 ms':>8s} {'fifo ms':>8s} {'layer ms':>8s} "
+             f"{'bucket ms':>9s} {'bound ms':>8s} {'p3/fifo':>7s} {'p3/layer':>8s} {'p3/best':>7s} {'slice':>7s} "
+             f"{'credit KB':>9s}"]
     for r in rows:
         credit = f"{r.p3_credit_bytes / 1e3:9.0f}" if r.p3_credit_bytes is not None else f"{'-':>9s}"
         lines.append(f"{r.model:9s} {r.ratio:9.2f} {r.bandwidth_gbps:7.2f} {r.p3_s * 1e3:8.2f} {r.fifo_s * 1e3:8.2f} "
-                     f"{r.bucketed_s * 1e3:9.2f} {r.bound_s * 1e3:8.2f} {r.p3_vs_fifo:7.3f} "
-                     f"{r.p3_vs_best_baseline:7.3f} {r.p3_slice_elements:7d} {credit}")
+                     f"{r.layer_fifo_s * 1e3:8.2f} {r.bucketed_s * 1e3:9.2f} {r.bound_s * 1e3:8.2f} "
+                     f"{r.p3_vs_fifo:7.3f} {r.p3_vs_layer_fifo:8.3f} {r.p3_vs_best_baseline:7.3f} "
+                     f"{r.p3_slice_elements:7d} {credit}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description="P3 vs FIFO vs DDP-bucketed, simulated (bandwidth EMULATED)")
+    parser = argparse.ArgumentParser(description="P3 vs FIFO vs per-layer FIFO vs DDP-bucketed, simulated "
+                                                 "(bandwidth EMULATED)")
     parser.add_argument("--models", nargs="+", default=["vgg19", "resnet50", "gpt"])
     parser.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5, 1.0, 2.0, 4.0])
     parser.add_argument("--latency-us", type=float, default=50.0)

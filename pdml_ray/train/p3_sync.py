@@ -28,7 +28,8 @@ returns only when every bucket is reduced: the end-of-backward barrier. Here
   while later layers are still being reduced. The gain: the forward of the first layers overlaps the
   reduction of the rest; the reductions P3 moves forward are those still queued when backward ends.
 
-Baselines (``P3Config.policy``): ``fifo`` keeps backward order, one all-reduce per slice; ``bucketed``
+Baselines (``P3Config.policy``): ``fifo`` keeps backward order, one all-reduce per slice; ``layer-fifo``
+one all-reduce per layer, whole (the P3 paper's baseline); ``bucketed``
 groups the slices as DDP groups parameters (``pdml_ray.p3.queue.ddp_buckets``: reverse order, buckets
 of ``bucket_bytes``) and reduces each bucket with one all-reduce over a copy of its slices once all of
 them are ready, in the order buckets complete. Both keep the per-layer waits of the next forward, so
@@ -64,7 +65,7 @@ from pdml_ray.errors import UsageError
 from pdml_ray.p3.auto import AutoChoice, tune
 from pdml_ray.p3.link import EmulatedLink, LinkModel
 from pdml_ray.p3.ps import model_layers
-from pdml_ray.p3.queue import ddp_buckets
+from pdml_ray.p3.queue import ddp_buckets, layer_groups
 from pdml_ray.p3.simulate import send_order
 from pdml_ray.p3.slicing import SlicePlan, plan_slices, unflatten_layer
 from pdml_ray.train.wrappers import GradientCombiner, is_fsdp2
@@ -187,6 +188,10 @@ class P3AllReduce(GradientCombiner):
             self.issue_plan = IssuePlan(tuple(i for b in buckets for i in b), "bucketed",
                                         f"DDP-like buckets of ~{self.config.bucket_bytes:,d} bytes in reverse parameter "
                                         "order, one all-reduce each", messages=buckets)
+        if self.config.policy == "layer-fifo":  # P3's paper baseline: each layer one collective, whole
+            layers = tuple(tuple(s.index for s in g) for g in layer_groups(self.plan))
+            self.issue_plan = IssuePlan(backward, "layer-fifo", "backward order, one all-reduce per layer",
+                                        messages=layers)
         self._warm_ready: list[list[float]] = []  # per warm-up step 1..: each layer's ready time
         self.auto_choice: AutoChoice | None = None
         bw = self.config.emulated_bandwidth_gbps

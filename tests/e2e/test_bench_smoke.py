@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-STANDARD = {"command", "git_rev", "machine", "emulated"}
+STANDARD = {"command", "git_rev", "git_dirty", "machine", "emulated"}
 FIGURES = {
     "hetero": {"speeds", "rates", "comm_s", "ideal_speedup", "ideal_speedup_no_comm", "speedup_vs_uniform",
                "efficiency", "efficiency_pdml_rates", "extras_s", "loss_uniform", "loss_pdml",
@@ -19,8 +19,10 @@ FIGURES = {
     "pipeline": {"grid", "ray", "planning"},
     "scheduler": {"workers", "reports_per_s", "decision_latency_p50_s", "decision_latency_p99_s", "rss_mb_start",
                   "rss_mb_end", "plain_class", "targets"},
-    "stragglers": {"workers", "stragglers", "straggler_model", "policies", "time_to_target_ratio_vs_sync", "targets"},
-    "gradients": {"workers", "stragglers", "straggler_model", "arms", "target_loss", "targets"},
+    "stragglers": {"workers", "stragglers", "straggler_model", "policies", "time_to_target_ratio_vs_sync",
+                   "step_time_ratios", "targets"},
+    "gradients": {"workers", "stragglers", "straggler_model", "arms", "target_loss", "targets", "priority_arms",
+                  "best_priority_arm", "async_time_to_target_vs_sync"},
 }
 EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
          "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "300"],
@@ -50,6 +52,11 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
         assert result["continuity_check_interval"] == ContinuityConfig().check_interval
         assert result["continuity_cost_at_1e7"]["n"] == 10_000_000
         assert all({"value", "target", "met"} <= set(t) for t in result["targets"].values())
+    if name == "stragglers":  # the one pgc policy run, against the one plain code run, the pair named
+        assert set(result["step_time_ratios"]) == {"pgc_cr_over_gc_fr"}
+    if name == "gradients":  # the headline: top-K by priority against its controls, async apart
+        assert {"topk-fixed", "topk-tuned"} == set(result["priority_arms"])
+        assert {"over_ignore_stragglers", "over_topk_random", "over_sync"} == set(result["priority_arms"]["topk-tuned"])
     if name == "pipeline":
         case = result["grid"][0]
         assert {"stages", "replicas", "microbatches", "profile", "makespan_s", "bubble_fraction", "lower_bound_s",

@@ -7,23 +7,26 @@ import os
 import subprocess
 import sys
 
-STANDARD = {"command", "git_rev", "machine", "emulated"}
-ROW = {"runtime", "comm_over_compute", "iteration_s", "p3_over_fifo", "p3_over_bucketed", "bound_s", "emulated"}
+STANDARD = {"command", "git_rev", "git_dirty", "machine", "emulated"}
+ROW = {"runtime", "settings", "compute_ms", "comm_over_compute", "iteration_s", "p3_over_fifo", "p3_over_layer_fifo",
+       "p3_over_bucketed", "bound_s", "emulated"}
 
 
 def test_bench_p3_quick_writes_rows_for_both_runtimes(tmp_path):
     out = tmp_path / "p3.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "pdml_ray.cli", "bench", "p3", "--quick", "--json", str(out)],
+    # every setting (bench and library slicing, 300 and 150 ms of emulated compute) at comm = compute only
+    run = subprocess.run([sys.executable, "-m", "pdml_ray.cli", "bench", "p3", "--quick", "--ratios", "1", "--json", str(out)],
                          capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert STANDARD | {"runs", "targets", "simulation", "model"} <= set(result), sorted(result)
     assert result["machine"]["cores"] >= 1 and "EMULATED" in result["emulated"]["bandwidth"]
-    rows = {(r["runtime"], r["comm_over_compute"]): r for r in result["runs"]}
-    assert set(rows) == {(rt, ratio) for rt in ("parameter-server", "all-reduce") for ratio in (0.5, 1.0, 2.0)}
+    rows = {(r["runtime"], r["settings"], r["compute_ms"], r["comm_over_compute"]): r for r in result["runs"]}
+    assert set(rows) == {(rt, st, ms, 1.0) for rt in ("parameter-server", "all-reduce") for st in ("bench", "library")
+                         for ms in (300.0, 150.0)}
     for row in rows.values():
-        assert ROW <= set(row) and set(row["iteration_s"]) == {"p3", "fifo", "bucketed"}
+        assert ROW <= set(row) and set(row["iteration_s"]) == {"p3", "fifo", "layer-fifo", "bucketed"}
         assert "EMULATED" in row["emulated"]
     assert {"ps_p3_over_fifo_at_comm_eq_compute", "ps_p3_over_best_baseline_worst",
             "allreduce_p3_over_best_baseline_worst"} <= set(result["targets"])

@@ -10,10 +10,11 @@ import torch.distributed as dist
 
 from pdml_ray.bench import BENCHMARKS
 from pdml_ray.bench.p3 import (POLICIES, VGG_LIKE_MACS, _simulated, add_arguments, allreduce_rows,
-                               emulated_layer_compute, vgg_like)
+                               emulated_layer_compute, targets_of, vgg_like)
 from pdml_ray.p3.ps import model_layers
 
-ROW_FIELDS = {"runtime", "comm_over_compute", "iteration_s", "p3_over_fifo", "p3_over_bucketed", "bound_s", "emulated"}
+ROW_FIELDS = {"runtime", "comm_over_compute", "iteration_s", "p3_over_fifo", "p3_over_layer_fifo", "p3_over_bucketed",
+              "bound_s", "emulated"}
 
 
 def test_registered():
@@ -62,6 +63,26 @@ def test_defaults_parse():
     add_arguments(parser)
     args = parser.parse_args([])
     assert args.compute == "sleep" and args.runtimes == "parameter-server,all-reduce" and args.credit_slices >= 1
+    # both emulated compute settings and both slicings, the targets read at the first of each
+    assert args.compute_ms == (300.0, 150.0) and args.settings == ("bench", "library")
+    assert args.ratios == (0.5, 1.0, 2.0) and "layer-fifo" in POLICIES
+    for flag, bad in (("--compute-ms", "nan"), ("--compute-ms", "300,300"), ("--settings", "tuned"), ("--ratios", "0")):
+        with pytest.raises(SystemExit):
+            parser.parse_args([flag, bad])
+
+
+def _row(settings, compute_ms, p3_over_fifo, worst):
+    return {"runtime": "parameter-server", "settings": settings, "compute_ms": compute_ms, "comm_over_compute": 1.0,
+            "p3_over_fifo": p3_over_fifo, "p3_over_best_baseline": worst}
+
+
+def test_targets_are_read_at_the_named_setting_only():
+    runs = [_row("bench", 300.0, 0.785, 1.0), _row("bench", 150.0, 0.845, 1.0), _row("library", 300.0, 0.84, 1.05)]
+    assert targets_of(runs, "bench", 300.0)["ps_p3_over_fifo_at_comm_eq_compute"]["met"]
+    at_150 = targets_of(runs, "bench", 150.0)
+    assert at_150["ps_p3_over_fifo_at_comm_eq_compute"]["value"] == 0.845
+    assert not at_150["ps_p3_over_fifo_at_comm_eq_compute"]["met"]
+    assert not targets_of(runs, "library", 300.0)["ps_p3_over_best_baseline_worst"]["met"]
 
 
 @pytest.fixture

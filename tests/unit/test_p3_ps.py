@@ -87,7 +87,7 @@ def reference() -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-@pytest.mark.parametrize("policy", ["p3", "fifo", "bucketed"])
+@pytest.mark.parametrize("policy", ["p3", "fifo", "layer-fifo", "bucketed"])
 def test_every_policy_trains_the_single_process_parameters(policy):
     workers, shards, _ = train_ps(policy, num_shards=2)
     want = reference()

@@ -118,7 +118,7 @@ def test_misuse_and_unknown_names_are_refused():
         q.reset()
     with pytest.raises(ConfigError):
         make_queue("p3", plan, credit_bytes=0)
-    assert sorted(QUEUES) == ["bucketed", "fifo", "p3"]
+    assert sorted(QUEUES) == ["bucketed", "fifo", "layer-fifo", "p3"]
 
 
 def test_p3_config_validates_and_loads_from_a_dict():
