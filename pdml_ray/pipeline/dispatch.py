@@ -30,7 +30,7 @@ import math
 
 from pdml_ray.errors import PlanError
 from pdml_ray.pipeline.faults import Reroute, pick_survivor
-from pdml_ray.pipeline.plan import Action, Kind, Plan, dependency_table
+from pdml_ray.pipeline.plan import FREES_ACTIVATION, Action, Kind, Plan, dependency_table
 
 
 class Dispatcher:
@@ -40,9 +40,10 @@ class Dispatcher:
         self.plan = plan
         self.transfer_s = float(transfer_s)
         """Seconds between a producer completing and its output being usable on another stage."""
-        deps = dependency_table(plan.num_stages)
+        deps = dependency_table(plan.num_stages, plan.split_backward)
         self._producers, self._consumers = deps.producers, deps.consumers
-        # (stage, replica) -> actions not yet started, in priority order.
+        # orders key ((stage, replica), or (rank, replica) with virtual stages) -> actions not yet started,
+        # in priority order.
         self._pending: dict[tuple[int, int], list[Action]] = {key: list(acts) for key, acts in plan.orders.items()}
         self._done_at: dict[tuple[int, Kind, int], float] = {}  # (stage, kind, microbatch) -> completed at (s)
         self._in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
@@ -65,12 +66,13 @@ class Dispatcher:
         return True
 
     def _eligible(self, action: Action, now: float) -> bool:
-        if action.kind is Kind.FORWARD and self._in_flight[(action.stage, action.replica)] >= self._limit:
+        if action.kind is Kind.FORWARD and self._in_flight[self.plan.slot(action.stage, action.replica)] >= self._limit:
             return False
         return self._ready(action, now)
 
     def next_action(self, stage: int, replica: int, now: float = math.inf) -> Action | None:
-        """What the idle replica should start at time ``now`` (seconds; default: ignore transfer time)."""
+        """What the idle replica should start at time ``now`` (seconds; default: ignore transfer time).
+        With virtual stages (``plan.stage_rank``) ``stage`` is the rank: the orders key."""
         pending = self._pending[(stage, replica)]
         if not pending:
             return None
@@ -92,7 +94,7 @@ class Dispatcher:
         return None
 
     def start(self, action: Action) -> None:
-        key = (action.stage, action.replica)
+        key = self.plan.slot(action.stage, action.replica)
         pending = self._pending[key]
         try:
             pending.remove(action)
@@ -105,13 +107,13 @@ class Dispatcher:
                 self.peak_in_flight[key] = self._in_flight[key]
 
     def complete(self, action: Action, at: float = 0.0) -> None:
-        """Record that ``action`` finished at time ``at`` (seconds); a backward frees its activation."""
+        """Record that ``action`` finished at time ``at`` (seconds); a B or W frees its activation."""
         key = (action.stage, action.kind, action.microbatch)
         if key in self._done_at:
             raise PlanError(f"{action} completed twice")
         self._done_at[key] = float(at)
-        if action.kind is Kind.BACKWARD:
-            self._in_flight[(action.stage, action.replica)] -= 1
+        if action.kind in FREES_ACTIVATION:
+            self._in_flight[self.plan.slot(action.stage, action.replica)] -= 1
         self._completed += 1
 
     def dependants(self, action: Action) -> list[Action]:
@@ -136,6 +138,9 @@ class Dispatcher:
         started yet wait for the re-run. Its started actions never complete; the caller drops them.
         PlanError if the stage has no live replica left.
         """
+        if self.plan.split_backward or self.plan.stage_rank is not None:
+            raise PlanError("a replica can be dropped only from a plan of F and B without virtual stages; run "
+                            "split-backward or virtual-stage plans without fault injection")
         key = (stage, replica)
         if key not in self._pending or key in self._dead:
             raise PlanError(f"stage {stage} replica {replica} is not a live replica of this step")
@@ -167,9 +172,11 @@ class Dispatcher:
         return Reroute(step, stage, replica, tuple(moved), tuple(replayed), tuple(redone))
 
     def in_flight(self, stage: int, replica: int) -> int:
+        """Activations held by orders key (stage, replica) (the rank with virtual stages)."""
         return self._in_flight[(stage, replica)]
 
     def pending(self, stage: int, replica: int) -> int:
+        """Actions not yet started by orders key (stage, replica) (the rank with virtual stages)."""
         return len(self._pending[(stage, replica)])
 
     def done(self) -> bool:

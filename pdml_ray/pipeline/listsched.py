@@ -165,7 +165,7 @@ def in_order_makespan(orders: Orders, num_stages: int, costs: Costs, transfer_s:
     # [stage][kind] -> (cost index, ((producer stage, producer kind, arrival delay s), ...))
     rule = [{kind: (KIND_INDEX[kind], tuple((k2, kind2, transfer_s if k2 != k else 0.0)
                                             for k2, kind2 in deps.producers[k][kind]))
-             for kind in Kind} for k in range(num_stages)]
+             for kind in deps.kinds} for k in range(num_stages)]
     done: dict[tuple[int, Kind, int], float] = {}  # (stage, kind, microbatch) -> completed at (s)
     done_get = done.get
     pos = {key: 0 for key in orders}
@@ -290,7 +290,7 @@ def _edges(deps: DependencyTable, transfer_s: float) -> list[dict[Kind, tuple[tu
     stages, 0 within one. A zero-delay output is handed over at once instead of through the event heap:
     it would be processed in the same instant anyway, before any replica picks."""
     return [{kind: tuple((k2, kind2, transfer_s if k2 != k else 0.0) for k2, kind2 in deps.consumers[k][kind])
-             for kind in Kind} for k in range(deps.num_stages)]
+             for kind in deps.kinds} for k in range(deps.num_stages)]
 
 
 def _joins(deps: DependencyTable) -> dict[tuple[int, Kind], int]:

@@ -43,7 +43,7 @@ import numpy as np
 from pdml_ray.config import OspreyConfig, PipelineConfig
 from pdml_ray.errors import StateError
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
-from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineScheduler, Plan, check_state
+from pdml_ray.pipeline.plan import FULL_BACKWARD_KINDS, KIND_INDEX, Kind, Measurement, PipelineScheduler, Plan, check_state
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
 from pdml_ray.priority.estimators import EMA
 
@@ -139,10 +139,10 @@ class OspreyScheduler:
         self.lanes = self.replicas[0] if len(set(self.replicas)) == 1 else 0  # 0: unequal counts, no lanes
         prior = self.pipeline_config.stage_costs or [(DEFAULT_FORWARD_S, DEFAULT_BACKWARD_S)] * stages
         # Latency estimates: one EMA slot per (replica, kind), replicas numbered stage by stage
-        # (``_first[k] + r``), shape (sum(replicas), len(Kind)), seconds.
+        # (``_first[k] + r``), shape (sum(replicas), len(FULL_BACKWARD_KINDS): osprey plans F and B), seconds.
         self._first = [sum(self.replicas[:k]) for k in range(stages)]
         priors = np.array([prior[k] for k in range(stages) for _ in range(self.replicas[k])], dtype=np.float64)
-        self.latency = EMA((sum(self.replicas), len(Kind)), self.config.ema_alpha, priors)
+        self.latency = EMA((sum(self.replicas), len(FULL_BACKWARD_KINDS)), self.config.ema_alpha, priors)
         self.est = self._est_view(self.latency.values.tolist())
         """est[k][r][KIND_INDEX[kind]]: ``latency.values`` as python floats, the view list scheduling
         reads (cheaper there than numpy scalars); re-read whenever the EMA changes. Do not write it."""

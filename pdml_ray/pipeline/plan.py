@@ -4,12 +4,18 @@ A pipeline has ``num_stages`` stages; stage k has ``replicas[k]`` identical copi
 global step runs every micro-batch forward through all stages and backward again, sums the gradients
 over micro-batches and over the replicas of a stage, and takes one optimizer step.
 
-Dependency rule (``producers``, the one place it is written): F(k, m) needs F(k-1, m); B(k, m) needs
-B(k+1, m), or F(k, m) at the last stage (the loss). ``dependency_table`` derives from it, once per
-number of stages, who consumes each output (the inverse) and which actions start and end a
+Dependency rule (``producers``, the one place it is written): F(k, m) needs F(k-1, m); B(k, m) (the
+full backward) needs B(k+1, m), or F(k, m) at the last stage (the loss). With split backward (zero
+bubble) B is two actions: I(k, m), the input gradient, needs I(k+1, m) or F(k, m) at the last stage,
+and W(k, m), the weight gradient, needs I(k, m) at the same stage. A plan uses one of the two action
+sets, F + B or F + I + W (``Plan.kinds``). ``dependency_table`` derives from the rule, once per number
+of stages and action set, who consumes each output (the inverse) and which actions start and end a
 micro-batch's chain. Validation, the ``Dispatcher``, the list scheduler and the simulator all read
-that table, so a new action kind (say zero-bubble's weight-gradient W after B at the same stage)
-changes the rule in one place; which ready kind a replica picks, and memory, stay policy.
+that table; which ready kind a replica picks, and memory, stay policy.
+
+Virtual stages: a rank (one executor; with replicas, one replica of it) may hold the chunks of several
+stages (interleaved and V-shaped schedules). ``Plan.stage_rank`` maps each stage to its rank; a plan's
+orders are then keyed by (rank, replica) and one order holds the actions of every stage on that rank.
 
 Placement rule: the forward of micro-batch m at stage k runs on exactly one replica of stage k and every
 other action of m at stage k on the same replica (the activations live there); the forward at stage
@@ -34,13 +40,23 @@ from pdml_ray.errors import PlanError, StateError, shown
 class Kind(str, Enum):
     FORWARD = "F"
     BACKWARD = "B"
+    """The full backward: input and weight gradients in one action."""
+    INPUT = "I"
+    """Split backward's input gradient: what the previous stage waits for."""
+    WEIGHT = "W"
+    """Split backward's weight gradient: nothing waits for it but the optimizer step."""
 
 
 KIND_INDEX: dict[Kind, int] = {kind: i for i, kind in enumerate(Kind)}
-"""Position of a kind in per-kind cost pairs such as ``(forward_s, backward_s)``: F=0, B=1."""
+"""Position of a kind in per-kind costs such as ``(forward_s, backward_s, input_s, weight_s)``: F=0,
+B=1, I=2, W=3 (schedules of F and B read only the first two)."""
 
+FULL_BACKWARD_KINDS: tuple[Kind, ...] = (Kind.FORWARD, Kind.BACKWARD)
+SPLIT_BACKWARD_KINDS: tuple[Kind, ...] = (Kind.FORWARD, Kind.INPUT, Kind.WEIGHT)
+FREES_ACTIVATION: frozenset[Kind] = frozenset({Kind.BACKWARD, Kind.WEIGHT})
+"""Kinds whose completion frees the micro-batch's activations at its stage (W needs them too)."""
 
-_ACTION_RE = re.compile(r"^s([0-9]{1,9})r([0-9]{1,9})([FB])([0-9]{1,9})$")  # ASCII digits, at most 9 of each
+_ACTION_RE = re.compile(r"^s([0-9]{1,9})r([0-9]{1,9})([FBIW])([0-9]{1,9})$")  # ASCII digits, at most 9 of each
 
 MAX_STAGES = MAX_REPLICAS = 4096
 """Most stages in a plan, and most replicas of one stage."""
@@ -51,7 +67,8 @@ a second per million actions): a malformed plan of 10**9 micro-batches is refuse
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """One unit of work: the forward or backward of ``microbatch`` on ``replica`` of ``stage``."""
+    """One unit of work: the forward, backward, input or weight gradient of ``microbatch`` on ``replica``
+    of ``stage``."""
 
     stage: int
     replica: int
@@ -66,7 +83,7 @@ class Action:
         """Inverse of ``str``: ``Action.parse("s0r1F3") == Action(0, 1, Kind.FORWARD, 3)``."""
         match = _ACTION_RE.match(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise PlanError(f"invalid action string {shown(text)}; expected s<stage>r<replica><F|B><microbatch> with "
+            raise PlanError(f"invalid action string {shown(text)}; expected s<stage>r<replica><F|B|I|W><microbatch> with "
                             "numbers of at most 9 digits, e.g. s0r1F3")
         stage, replica, kind, microbatch = match.groups()
         return cls(int(stage), int(replica), Kind(kind), int(microbatch))
@@ -97,9 +114,26 @@ class Plan:
     """True: an idle replica may run a later ready action before an earlier blocked one (osprey).
     False: each replica runs its actions strictly in order (static schedules)."""
     memory_limit: int | None = None
-    """Most forward activations in flight per replica (F started, B not finished); None = unbounded."""
+    """Most forward activations in flight per order (F started, B or W not finished); None = unbounded."""
     schedule: str = ""
     """Name of the scheduler that produced the plan (informational)."""
+    stage_rank: tuple[int, ...] | None = None
+    """Virtual stages: the rank holding each stage's chunk (length num_stages); ``orders`` is then keyed
+    by (rank, replica). None: stage k is rank k, one chunk per rank."""
+
+    @cached_property
+    def split_backward(self) -> bool:
+        """True when the plan's backward is split into I and W (``SPLIT_BACKWARD_KINDS``)."""
+        return any(a.kind is Kind.INPUT or a.kind is Kind.WEIGHT for acts in self.orders.values() for a in acts)
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        """The action set every micro-batch runs at every stage: F + B, or F + I + W."""
+        return SPLIT_BACKWARD_KINDS if self.split_backward else FULL_BACKWARD_KINDS
+
+    def slot(self, stage: int, replica: int) -> tuple[int, int]:
+        """The ``orders`` key of the executor that runs ``replica`` of ``stage``: (rank, replica)."""
+        return (self.stage_rank[stage], replica) if self.stage_rank is not None else (stage, replica)
 
     @cached_property
     def placement(self) -> dict[tuple[int, int], int]:
@@ -116,10 +150,13 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form; ``Plan.from_dict(p.to_dict()) == p``."""
-        return {"num_stages": self.num_stages, "replicas": list(self.replicas),
-                "num_microbatches": self.num_microbatches, "reorder": self.reorder,
-                "memory_limit": self.memory_limit, "schedule": self.schedule,
-                "orders": {f"{k},{r}": [str(a) for a in acts] for (k, r), acts in sorted(self.orders.items())}}
+        out = {"num_stages": self.num_stages, "replicas": list(self.replicas),
+               "num_microbatches": self.num_microbatches, "reorder": self.reorder,
+               "memory_limit": self.memory_limit, "schedule": self.schedule,
+               "orders": {f"{k},{r}": [str(a) for a in acts] for (k, r), acts in sorted(self.orders.items())}}
+        if self.stage_rank is not None:
+            out["stage_rank"] = list(self.stage_rank)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
@@ -139,6 +176,12 @@ class Plan:
         _check_sizes(stages, replicas, microbatches, memory_limit)
         if not isinstance(reorder, bool):
             raise PlanError(f"plan reorder must be true or false, got {shown(reorder)}")
+        stage_rank = data.get("stage_rank")
+        if stage_rank is not None:
+            if not (isinstance(stage_rank, (list, tuple)) and all(_count(x, 0) for x in stage_rank)):
+                raise PlanError(f"plan stage_rank must be a list of ranks (integers >= 0), one per stage, got "
+                                f"{shown(stage_rank)}")
+            stage_rank = tuple(stage_rank)
         if not isinstance(schedule, str) or len(schedule) > 200:
             raise PlanError(f"plan schedule must be a string of at most 200 characters (the scheduler's name), "
                             f"got {shown(schedule)}")
@@ -155,7 +198,7 @@ class Plan:
                                 f"{shown(acts)}")
             orders[(int(parts[0]), int(parts[1]))] = tuple(Action.parse(a) for a in acts)
         plan = cls(num_stages=stages, replicas=tuple(replicas), num_microbatches=microbatches, orders=orders,
-                   reorder=reorder, memory_limit=memory_limit, schedule=schedule)
+                   reorder=reorder, memory_limit=memory_limit, schedule=schedule, stage_rank=stage_rank)
         validate(plan)
         return plan
 
@@ -219,13 +262,16 @@ def producers(stage: int, kind: Kind, num_stages: int) -> tuple[StageKind, ...]:
     """THE dependency rule: the (stage, kind) actions of the same micro-batch whose outputs
     ``kind`` at ``stage`` needs. Everything else derives from it through ``dependency_table``.
 
-    F(k) needs F(k-1) (none at stage 0); B(k) needs B(k+1), or F(k) at the last stage (the loss).
+    F(k) needs F(k-1) (none at stage 0); B(k) needs B(k+1), or F(k) at the last stage (the loss);
+    I(k) needs I(k+1), or F(k) at the last stage; W(k) needs I(k) (the output gradient it kept).
     """
     if kind is Kind.FORWARD:
         return ((stage - 1, Kind.FORWARD),) if stage > 0 else ()
+    if kind is Kind.WEIGHT:
+        return ((stage, Kind.INPUT),)
     if stage == num_stages - 1:
         return ((stage, Kind.FORWARD),)
-    return ((stage + 1, Kind.BACKWARD),)
+    return ((stage + 1, kind),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,32 +284,36 @@ class DependencyTable:
     """
 
     num_stages: int
+    kinds: tuple[Kind, ...]
+    """The action set tabulated: ``FULL_BACKWARD_KINDS`` or ``SPLIT_BACKWARD_KINDS``."""
     producers: tuple[dict[Kind, tuple[StageKind, ...]], ...]
     consumers: tuple[dict[Kind, tuple[StageKind, ...]], ...]
     sources: tuple[StageKind, ...]
     """Actions with no producers: ready for every micro-batch when the step starts (F at stage 0)."""
     sinks: tuple[StageKind, ...]
-    """Actions nothing consumes: a micro-batch is finished when these are (B at stage 0)."""
+    """Actions nothing consumes: a micro-batch is finished when these are (B at stage 0; W at every stage)."""
 
 
 @functools.lru_cache(maxsize=32)
-def dependency_table(num_stages: int) -> DependencyTable:
-    """The rule and its inverse for ``num_stages`` stages, derived once (O(stages x kinds))."""
-    keys = [(k, kind) for k in range(num_stages) for kind in Kind]
+def dependency_table(num_stages: int, split_backward: bool = False) -> DependencyTable:
+    """The rule and its inverse for ``num_stages`` stages and one action set (F + B, or with
+    ``split_backward`` F + I + W), derived once (O(stages x kinds))."""
+    kinds = SPLIT_BACKWARD_KINDS if split_backward else FULL_BACKWARD_KINDS
+    keys = [(k, kind) for k in range(num_stages) for kind in kinds]
     prods = {key: producers(*key, num_stages) for key in keys}
     for (k, kind), ps in prods.items():
         for p in ps:
             if p not in prods:
                 raise PlanError(f"dependency rule: {kind.value} at stage {k} needs {p}, which is no action of a "
-                                f"{num_stages}-stage pipeline; fix pdml_ray.pipeline.plan.producers")
+                                f"{num_stages}-stage pipeline of {[x.value for x in kinds]}; fix pdml_ray.pipeline.plan.producers")
     cons: dict[StageKind, list[StageKind]] = {key: [] for key in keys}
     for key in keys:  # in stage, then kind order: the consumers' order
         for p in prods[key]:
             cons[p].append(key)
     return DependencyTable(
-        num_stages=num_stages,
-        producers=tuple({kind: prods[(k, kind)] for kind in Kind} for k in range(num_stages)),
-        consumers=tuple({kind: tuple(cons[(k, kind)]) for kind in Kind} for k in range(num_stages)),
+        num_stages=num_stages, kinds=kinds,
+        producers=tuple({kind: prods[(k, kind)] for kind in kinds} for k in range(num_stages)),
+        consumers=tuple({kind: tuple(cons[(k, kind)]) for kind in kinds} for k in range(num_stages)),
         sources=tuple(key for key in keys if not prods[key]),
         sinks=tuple(key for key in keys if not cons[key]))
 
@@ -301,15 +351,29 @@ def _check_shape(plan: Plan) -> None:
             raise PlanError(f"plan orders key {shown(key)} must be (stage, replica), two integers >= 0")
         if not (isinstance(actions, (tuple, list)) and all(isinstance(a, Action) for a in actions)):
             raise PlanError(f"plan orders[{key}] must be a tuple of Actions, got {shown(actions)}")
-    extra = sorted(key for key in plan.orders
-                   if not (key[0] < plan.num_stages and key[1] < plan.replicas[key[0]]))
-    if extra or len(plan.orders) != sum(plan.replicas):
-        if sum(plan.replicas) <= 1 << 16:
-            expected = {(k, r) for k in range(plan.num_stages) for r in range(plan.replicas[k])}
+    if plan.stage_rank is None:
+        extra = sorted(key for key in plan.orders
+                       if not (key[0] < plan.num_stages and key[1] < plan.replicas[key[0]]))
+        slots = sum(plan.replicas)
+    else:
+        ranks = plan.stage_rank
+        if not (isinstance(ranks, tuple) and len(ranks) == plan.num_stages
+                and all(_count(x, 0) and x < plan.num_stages for x in ranks)):
+            raise PlanError(f"plan stage_rank must be a tuple of {plan.num_stages} ranks in [0, {plan.num_stages}) "
+                            f"(the rank holding each stage's chunk), got {shown(ranks)}")
+        if set(ranks) != set(range(max(ranks) + 1)):
+            raise PlanError(f"plan stage_rank {shown(ranks)} leaves ranks without a stage; number the ranks "
+                            f"0..{len(set(ranks)) - 1}")
+        expected_slots = {plan.slot(k, r) for k in range(plan.num_stages) for r in range(plan.replicas[k])}
+        extra = sorted(set(plan.orders) - expected_slots)
+        slots = len(expected_slots)
+    if extra or len(plan.orders) != slots:
+        if slots <= 1 << 16:
+            expected = {plan.slot(k, r) for k in range(plan.num_stages) for r in range(plan.replicas[k])}
             missing: object = sorted(expected - set(plan.orders))
         else:
-            missing = f"{sum(plan.replicas) - len(plan.orders) + len(extra)} of {sum(plan.replicas)}"
-        raise PlanError(f"plan orders must have one entry per (stage, replica): missing {shown(missing, 150)}, "
+            missing = f"{slots - len(plan.orders) + len(extra)} of {slots}"
+        raise PlanError(f"plan orders must have one entry per (stage, replica), or (rank, replica) with stage_rank: missing {shown(missing, 150)}, "
                         f"unexpected {shown(extra, 150)}")
     if plan.num_actions > MAX_ACTIONS:
         raise PlanError(f"plan has {plan.num_actions:,} actions, more than {MAX_ACTIONS:,}")
@@ -318,27 +382,36 @@ def _check_shape(plan: Plan) -> None:
 def _check_coverage(plan: Plan) -> None:
     """Every action of every micro-batch exactly once per stage, all on the replica that ran its F."""
     seen: dict[tuple[int, Kind, int], int] = {}
+    kinds = plan.kinds
     for (k, r), actions in plan.orders.items():
         for a in actions:
-            if (a.stage, a.replica) != (k, r):
-                raise PlanError(f"action {a} is listed in the order of stage {k} replica {r}")
+            if a.stage >= plan.num_stages or plan.slot(a.stage, a.replica) != (k, r):
+                raise PlanError(f"action {a} is listed in the order of {_where(plan, (k, r))}")
+            if a.kind not in kinds:
+                raise PlanError(f"action {a}: a plan runs either F + B or F + I + W (split backward), not both; "
+                                "give every micro-batch the same backward kinds")
             if not 0 <= a.microbatch < plan.num_microbatches:
                 raise PlanError(f"action {a}: micro-batch {a.microbatch} out of range 0..{plan.num_microbatches - 1}")
             key = (a.stage, a.kind, a.microbatch)
             if key in seen:
-                raise PlanError(f"duplicate action: {a.kind.value}{a.microbatch} of stage {k} runs twice "
+                raise PlanError(f"duplicate action: {a.kind.value}{a.microbatch} of stage {a.stage} runs twice "
                                 f"(replicas {seen[key]} and {r})")
             seen[key] = r
     for k in range(plan.num_stages):
         for m in range(plan.num_microbatches):
-            for kind in Kind:
+            for kind in kinds:
                 if (k, kind, m) not in seen:
                     raise PlanError(f"missing action: {kind.value}{m} of stage {k} is in no replica's order")
-            for kind in Kind:
+            for kind in kinds:
                 if seen[(k, kind, m)] != seen[(k, Kind.FORWARD, m)]:
                     raise PlanError(f"{kind.value}{m} of stage {k} is on replica {seen[(k, kind, m)]} but its F ran on "
                                     f"replica {seen[(k, Kind.FORWARD, m)]}; every action of a micro-batch at a stage "
                                     "must run where its activations are")
+
+
+def _where(plan: Plan, key: tuple[int, int]) -> str:
+    """An ``orders`` key in words: stage k replica r, or rank k replica r with virtual stages."""
+    return f"{'stage' if plan.stage_rank is None else 'rank'} {key[0]} replica {key[1]}"
 
 
 def _check_memory(plan: Plan) -> None:
@@ -347,9 +420,9 @@ def _check_memory(plan: Plan) -> None:
     for (k, r), actions in sorted(plan.orders.items()):
         in_flight = 0
         for i, a in enumerate(actions):
-            in_flight += 1 if a.kind is Kind.FORWARD else -1
+            in_flight += 1 if a.kind is Kind.FORWARD else -1 if a.kind in FREES_ACTIVATION else 0
             if in_flight > plan.memory_limit:
-                raise PlanError(f"memory limit exceeded: stage {k} replica {r} holds {in_flight} activations at "
+                raise PlanError(f"memory limit exceeded: {_where(plan, (k, r))} holds {in_flight} activations at "
                                 f"position {i} ({a}) but memory_limit={plan.memory_limit}")
 
 
@@ -360,7 +433,7 @@ def unit_time_grid(plan: Plan) -> list[dict[tuple[int, int], Action]]:
     step. Raises PlanError naming the stuck replicas if the in-order run cannot finish (deadlock).
     In-order execution is confluent, so a plan that finishes here finishes under any timing.
     """
-    prods = dependency_table(plan.num_stages).producers
+    prods = dependency_table(plan.num_stages, plan.split_backward).producers
     done: set[tuple[int, Kind, int]] = set()  # (stage, kind, microbatch) completed
     pos = {key: 0 for key in plan.orders}
     remaining = plan.num_actions
@@ -373,7 +446,7 @@ def unit_time_grid(plan: Plan) -> list[dict[tuple[int, int], Action]]:
                 if all((k, kind, a.microbatch) in done for k, kind in prods[a.stage][a.kind]):
                     row[key] = a
         if not row:
-            stuck = [f"stage {k} replica {r} waits at {plan.orders[(k, r)][pos[(k, r)]]}"
+            stuck = [f"{_where(plan, (k, r))} waits at {plan.orders[(k, r)][pos[(k, r)]]}"
                      for k, r in sorted(plan.orders) if pos[(k, r)] < len(plan.orders[(k, r)])]
             more = f" and {len(stuck) - 4} more" if len(stuck) > 4 else ""
             raise PlanError(f"deadlock: the in-order run stops after {len(grid)} steps; {', '.join(stuck[:4])}{more}")
@@ -397,7 +470,7 @@ def format(plan: Plan) -> str:  # noqa: A001 - mirrors torch's _format_pipeline_
     """Time-step (row) x replica (column) grid of the in-order run with unit-time actions."""
     grid = unit_time_grid(plan)
     cols = sorted(plan.orders)
-    labels = [f"s{k}r{r}" for k, r in cols]
+    labels = [f"s{k}r{r}" if plan.stage_rank is None else f"rank{k}r{r}" for k, r in cols]
     width = max([len(lbl) for lbl in labels] + [len(str(a)) for row in grid for a in row.values()])
     step_w = len(str(len(grid) - 1))
     lines = [" " * (step_w + 7) + " ".join(lbl.ljust(width) for lbl in labels)]

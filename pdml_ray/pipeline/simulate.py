@@ -6,7 +6,8 @@ Cost of an action (seconds) on replica r of stage k at global step t:
 
 ``mb_factor`` (per micro-batch cost variation, e.g. sequence length) and the lognormal ``noise`` are
 drawn from ``(seed, step)`` and do not depend on the replica or the schedule, so every schedule of one
-step sees the same work; ``drift`` is a per-replica log-normal random walk over steps. A forward's or
+step sees the same work. Split backward costs what the full backward does: I = (1 - weight_fraction) B
+and W = weight_fraction B, with B's noise; ``drift`` is a per-replica log-normal random walk over steps. A forward's or
 backward's output reaches another stage ``transfer_s`` after it completes.
 
 Lower bound on a step's makespan (``lower_bound_s``), valid for any plan:
@@ -20,6 +21,10 @@ Lower bound on a step's makespan (``lower_bound_s``), valid for any plan:
   bound_k = head_k + max(W_k / sum_r speed_kr, integer window_k) + tail_k.
 * chain bound: the longest micro-batch's F and B chain through all stages on the fastest replicas,
   plus 2 (S - 1) transfers.
+* split backward (F + I + W): the stage's work is the same (I + W = B), but its last action may be a
+  W that nothing waits for, so tail_k = 0; the chain is F and I through all stages, then W at stage 0.
+* virtual stages: the bound is per rank: the earliest head and the smallest tail of its stages, around
+  its stages' summed work over the fastest capacity any of them has (and each stage's integer window).
 lower_bound_s = max(max_k bound_k, chain bound).
 """
 
@@ -35,7 +40,7 @@ import numpy as np
 from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.dispatch import Dispatcher
-from pdml_ray.pipeline.plan import KIND_INDEX, Action, Measurement, Plan, PlanSource, validate
+from pdml_ray.pipeline.plan import KIND_INDEX, Action, Kind, Measurement, Plan, PlanSource, validate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +65,9 @@ class ClusterProfile:
     """Seconds between an output completing and it being usable on the next (previous) stage."""
     memory_limit: int | None = None
     """Activation budget per replica; peaks above it count as memory violations."""
+    weight_fraction: float = 0.5
+    """Share of a full backward that is the weight gradient W when the backward is split; the input
+    gradient I is the rest (B = I + W)."""
 
     def __post_init__(self) -> None:
         S = self.stages
@@ -71,6 +79,9 @@ class ClusterProfile:
             if len(self.speeds[k]) != self.replicas[k] or min(self.speeds[k], default=0.0) <= 0:
                 raise ConfigError(f"profile: speeds[{k}] needs {self.replicas[k]} positive entries (one per replica of "
                                   f"stage {k}; 1.0 = nominal), got {self.speeds[k]}")
+        if not 0.0 <= self.weight_fraction <= 1.0:
+            raise ConfigError(f"profile: weight_fraction must be in [0, 1] (W's share of the backward), got "
+                              f"{self.weight_fraction}")
 
     @classmethod
     def build(cls, stages: int, replicas: int | Sequence[int], *, profile: str = "homogeneous",
@@ -118,7 +129,7 @@ class StepResult:
     makespan_s: float
     lower_bound_s: float
     bubble_fraction: list[float]
-    """Per stage: 1 - busy time / (makespan x replicas)."""
+    """Per stage (per rank with virtual stages): 1 - busy time / (makespan x replicas)."""
     peak_memory: dict[tuple[int, int], int]
     memory_violations: int
     """Replicas whose activation peak exceeded the profile's memory budget."""
@@ -146,7 +157,8 @@ class PipelineSimulator:
         return out
 
     def work(self, step: int, microbatches: int) -> np.ndarray:
-        """(stages, kinds, microbatches) seconds of work at speed 1, kinds indexed by ``KIND_INDEX`` (F 0, B 1)."""
+        """(stages, kinds, microbatches) seconds of work at speed 1, kinds indexed by ``KIND_INDEX``
+        (F 0, B 1, I 2, W 3; I + W = B)."""
         p = self.profile
         rng = np.random.default_rng([self.seed, 13, step])
         mb = np.maximum(rng.normal(1.0, p.microbatch_cv, size=microbatches), 0.2) if p.microbatch_cv else \
@@ -155,20 +167,35 @@ class PipelineSimulator:
         noise = rng.lognormal(-p.noise_sigma**2 / 2, p.noise_sigma, size=(p.stages, 2, microbatches)) \
             if p.noise_sigma else np.ones((p.stages, 2, microbatches))
         base = np.stack([np.asarray(p.forward_s), np.asarray(p.backward_s)], axis=1)[:, :, None]
-        return base * mb[None, None, :] * noise
+        fb = base * mb[None, None, :] * noise  # (S, 2, M): F, B
+        split = fb[:, 1:2, :] * np.array([1.0 - p.weight_fraction, p.weight_fraction])[None, :, None]
+        return np.concatenate([fb, split], axis=1)
 
-    def lower_bound(self, step: int, microbatches: int) -> float:
+    def lower_bound(self, step: int, microbatches: int, *, split_backward: bool = False,
+                    stage_rank: Sequence[int] | None = None) -> float:
+        """Least makespan (s) of any plan of the action set in use (F + B, or ``split_backward`` F + I + W)
+        with stages on ranks ``stage_rank`` (None: stage k on rank k); see the module docstring."""
         p, S = self.profile, self.profile.stages
         w, speeds = self.work(step, microbatches), self._speeds(step)
         fastest = np.array([max(s) for s in speeds])[:, None]  # (S, 1)
-        f_fast, b_fast = w[:, 0, :] / fastest, w[:, 1, :] / fastest  # (S, M) seconds on the fastest replica
+        back = KIND_INDEX[Kind.INPUT] if split_backward else KIND_INDEX[Kind.BACKWARD]
+        f_fast, b_fast = w[:, 0, :] / fastest, w[:, back, :] / fastest  # (S, M) seconds on the fastest replica
         f_prefix = np.vstack([np.zeros(microbatches), np.cumsum(f_fast, axis=0)])  # (S+1, M)
         b_prefix = np.vstack([np.zeros(microbatches), np.cumsum(b_fast, axis=0)])
-        chain = float((f_prefix[S] + b_prefix[S]).max() + 2 * (S - 1) * p.transfer_s)
-        stage = max(float(f_prefix[k].min() + b_prefix[k].min() + 2 * k * p.transfer_s
-                          + max(w[k].sum() / sum(speeds[k]), _integer_window(w[k].sum(axis=0), speeds[k])))
-                    for k in range(S))
-        return max(stage, chain)
+        last = w[0, KIND_INDEX[Kind.WEIGHT], :] / fastest[0] if split_backward else 0.0  # W at stage 0 ends the chain
+        chain = float((f_prefix[S] + b_prefix[S] + last).max() + 2 * (S - 1) * p.transfer_s)
+        head = [float(f_prefix[k].min()) + k * p.transfer_s for k in range(S)]
+        tail = [0.0 if split_backward else float(b_prefix[k].min()) + k * p.transfer_s for k in range(S)]
+        job = w[:, :2, :].sum(axis=1)  # (S, M): F + B = F + I + W seconds per micro-batch at speed 1
+        ranks = list(stage_rank) if stage_rank is not None else list(range(S))
+        bound = chain
+        for rank in set(ranks):
+            ks = [k for k in range(S) if ranks[k] == rank]
+            capacity = max(sum(speeds[k]) for k in ks)  # units of work per second, at best
+            window = max([sum(float(job[k].sum()) for k in ks) / capacity]
+                         + [_integer_window(job[k], speeds[k]) for k in ks])
+            bound = max(bound, min(head[k] for k in ks) + window + min(tail[k] for k in ks))
+        return bound
 
     def run_step(self, plan: Plan, step: int = 0) -> StepResult:
         """Run one global step of ``plan``; every idle replica asks the Dispatcher what to start."""
@@ -210,7 +237,7 @@ class PipelineSimulator:
                     continue
                 d.complete(a, at=now)
                 for dep in d.dependants(a):
-                    dkey = (dep.stage, dep.replica)
+                    dkey = plan.slot(dep.stage, dep.replica)
                     if dep.stage == a.stage or transfer == 0.0:
                         wake.append(dkey)
                     else:
@@ -220,11 +247,15 @@ class PipelineSimulator:
             raise PlanError(f"simulation stalled at t={now:.4g}s with work left (plan {plan.schedule!r}); "
                             "check the plan with pdml_ray.pipeline.plan.validate, which names the defect")
         makespan = max(busy_until.values())
-        bubble = [1.0 - sum(busy_total[(k, r)] for r in range(p.replicas[k])) / (makespan * p.replicas[k])
-                  for k in range(p.stages)]
+        # Per stage, or per rank with virtual stages: the first element of the orders key.
+        bubble = [1.0 - sum(v for key, v in busy_total.items() if key[0] == g)
+                  / (makespan * sum(1 for key in busy_total if key[0] == g))
+                  for g in sorted({key[0] for key in busy_total})]
         peak = dict(d.peak_in_flight)
         budget = p.memory_limit if p.memory_limit is not None else math.inf
-        return StepResult(makespan_s=makespan, lower_bound_s=self.lower_bound(step, plan.num_microbatches),
+        lower = self.lower_bound(step, plan.num_microbatches, split_backward=plan.split_backward,
+                                 stage_rank=plan.stage_rank)
+        return StepResult(makespan_s=makespan, lower_bound_s=lower,
                           bubble_fraction=bubble, peak_memory=peak,
                           memory_violations=sum(1 for v in peak.values() if v > budget), measurements=measurements)
 

@@ -315,6 +315,9 @@ class PipelineRuntime(FaultHandling):
             raise PlanError(f"plan is for {plan.num_stages} stages x replicas {list(plan.replicas)} but the runtime "
                             f"has {self.num_stages} stages x replicas {list(self.replicas)}; build the scheduler "
                             "with the runtime's stages and replicas")
+        if plan.split_backward or plan.stage_rank is not None:
+            raise PlanError(f"plan {plan.schedule!r} has split backward (I, W) or virtual stages, which the Ray-actor "
+                            "runtime does not run; give it a plan of F and B with one stage per rank")
         validate(plan)
 
     # -- parameters and lifetime ------------------------------------------------------------------

@@ -174,7 +174,7 @@ class FaultHandling:
                 r = pick_survivor(load)
                 load[r] += 1
                 by_dead.setdefault(st.owner[(k, m)], []).append((m, r))
-                for kind in Kind:  # one caller's calls to an actor run in order: F, then its B
+                for kind in (Kind.FORWARD, Kind.BACKWARD):  # one caller's calls to an actor run in order: F, then its B
                     a = Action(k, r, kind, m)
                     calls[self._submit(a, r, st)] = (r, a)
             for dead_r, moved in sorted(by_dead.items()):

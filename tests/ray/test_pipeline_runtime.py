@@ -75,7 +75,7 @@ def test_one_step_equals_the_unsplit_model_under_every_schedule(runtime, referen
     assert runtime.stats.bubble == pytest.approx(1 - busy / (result.step_time_s * STAGES * REPLICAS))
     assert 0.0 <= runtime.stats.bubble < 1.0
     # Every micro-batch ran forward and backward exactly once on every stage.
-    for kind in Kind:
+    for kind in (Kind.FORWARD, Kind.BACKWARD):
         done = sorted((m.stage, m.microbatch) for m in result.measurements if m.kind is kind)
         assert done == [(k, mb) for k in range(STAGES) for mb in range(MICROBATCHES)]
     assert sum(result.forward_counts.values()) == STAGES * MICROBATCHES

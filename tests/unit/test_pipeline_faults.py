@@ -69,7 +69,7 @@ def test_a_replica_dying_mid_step_loses_no_micro_batch(schedule, when):
         assert on_survivor.count((Kind.FORWARD, m)) == on_survivor.count((Kind.BACKWARD, m)) == 1
     # Other stages ran each action exactly once.
     others = [(a.stage, a.kind, a.microbatch) for a in completed if a.stage != 1]
-    assert sorted(others) == sorted((k, kind, m) for k in (0, 2) for kind in Kind for m in range(M))
+    assert sorted(others) == sorted((k, kind, m) for k in (0, 2) for kind in (Kind.FORWARD, Kind.BACKWARD) for m in range(M))
 
 
 def test_a_backward_done_on_the_dead_replica_is_redone():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from dataclasses import replace
+from typing import Callable, Iterator, Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +18,7 @@ from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single
 from pdml_ray.pipeline.plan import Action, Kind, Plan, dependency_table, format, unit_time_grid, validate
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
 
-F, B = Kind.FORWARD, Kind.BACKWARD
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.INPUT, Kind.WEIGHT
 
 
 def gpipe_plan(stages: int, microbatches: int, memory_limit: int | None = None) -> Plan:
@@ -184,22 +185,89 @@ def test_memory_limit_rejects_exactly_when_gpipe_exceeds_it(stages: int, microba
 
 # ---- the dependency rule: written once (plan.producers), read by everyone ---------------------------
 
-def brute_force_consumers(num_stages: int) -> dict[tuple[int, Kind], list[tuple[int, Kind]]]:
-    """Inverse of ``producers`` by search over every (stage, kind), in stage then kind order."""
-    keys = [(k, kind) for k in range(num_stages) for kind in Kind]
+def brute_force_consumers(num_stages: int, kinds: Sequence[Kind]) -> dict[tuple[int, Kind], list[tuple[int, Kind]]]:
+    """Inverse of ``producers`` by search over every (stage, kind) of an action set, in stage then kind order."""
+    keys = [(k, kind) for k in range(num_stages) for kind in kinds]
     return {p: [c for c in keys if p in plan_module.producers(*c, num_stages)] for p in keys}
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("num_stages", [1, 2, 3, 7])
-def test_consumers_are_the_inverse_of_the_rule(num_stages: int) -> None:
-    table = dependency_table(num_stages)
-    inverse = brute_force_consumers(num_stages)
+def test_consumers_are_the_inverse_of_the_rule(num_stages: int, split: bool) -> None:
+    table = dependency_table(num_stages, split)
+    assert table.kinds == ((F, I, W) if split else (F, B))
+    inverse = brute_force_consumers(num_stages, table.kinds)
     for k in range(num_stages):
-        for kind in Kind:
+        for kind in table.kinds:
             assert table.producers[k][kind] == plan_module.producers(k, kind, num_stages)
             assert list(table.consumers[k][kind]) == inverse[(k, kind)]
-    assert table.sources == ((0, F),) and table.sinks == ((0, B),)
-    assert dependency_table(num_stages) is table  # derived once per number of stages
+    assert table.sources == ((0, F),)
+    # Full backward ends at B of stage 0; split backward at every stage's W, which nothing waits for.
+    assert table.sinks == (tuple((k, W) for k in range(num_stages)) if split else ((0, B),))
+    assert dependency_table(num_stages, split) is table  # derived once per number of stages and action set
+
+
+def test_split_backward_rule() -> None:
+    table = dependency_table(3, True)
+    assert table.producers[2][I] == ((2, F),) and table.producers[1][I] == ((2, I),)
+    assert table.producers[1][W] == ((1, I),)
+    assert table.consumers[1][I] == ((0, I), (1, W)) and table.consumers[2][F] == ((2, I),)
+
+
+def split_plan(order_of_stage1: Sequence[str]) -> Plan:
+    """Two stages, two micro-batches, split backward; stage 0 runs each micro-batch through, stage 1 as given."""
+    orders = {(0, 0): tuple(Action.parse(a) for a in ("s0r0F0", "s0r0I0", "s0r0W0", "s0r0F1", "s0r0I1", "s0r0W1")),
+              (1, 0): tuple(Action.parse(a) for a in order_of_stage1)}
+    return Plan(num_stages=2, replicas=(1, 1), num_microbatches=2, orders=orders)
+
+
+def test_validate_refuses_a_w_before_its_i() -> None:
+    good = split_plan(["s1r0F0", "s1r0I0", "s1r0F1", "s1r0I1", "s1r0W0", "s1r0W1"])
+    validate(good)
+    assert good.split_backward and good.kinds == (F, I, W)
+    assert len(unit_time_grid(good)) == 10  # F0 F0 I0 I0 W0 F1 F1 I1 I1+W0 W1+W1, by hand
+    with pytest.raises(PlanError, match="deadlock.*s1r0W0"):
+        validate(split_plan(["s1r0F0", "s1r0W0", "s1r0I0", "s1r0F1", "s1r0I1", "s1r0W1"]))
+    with pytest.raises(PlanError, match="missing action: W1 of stage 1"):
+        validate(split_plan(["s1r0F0", "s1r0I0", "s1r0F1", "s1r0I1", "s1r0W0"]))
+    with pytest.raises(PlanError, match="either F \\+ B or F \\+ I \\+ W"):
+        validate(split_plan(["s1r0F0", "s1r0B0", "s1r0F1", "s1r0I1", "s1r0W1", "s1r0W0"]))
+
+
+def test_split_backward_frees_activations_after_w() -> None:
+    # Stage 1 runs both I before either W: it still holds two activations until the first W.
+    plan = split_plan(["s1r0F0", "s1r0I0", "s1r0F1", "s1r0I1", "s1r0W0", "s1r0W1"])
+    validate(replace(plan, memory_limit=2))
+    with pytest.raises(PlanError, match="memory limit exceeded: stage 1 replica 0 holds 2"):
+        validate(replace(plan, memory_limit=1))
+
+
+def test_split_and_virtual_actions_round_trip() -> None:
+    assert Action.parse("s3r1W7") == Action(3, 1, W, 7) and str(Action(0, 2, I, 5)) == "s0r2I5"
+    plan = v_plan()
+    assert Plan.from_dict(plan.to_dict()) == plan and plan.to_dict()["stage_rank"] == [0, 1, 1, 0]
+
+
+def v_plan() -> Plan:
+    """Four stages as a V on two ranks (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2), one
+    micro-batch, split backward."""
+    a = Action.parse
+    orders = {(0, 0): (a("s0r0F0"), a("s3r0F0"), a("s3r0I0"), a("s0r0I0"), a("s3r0W0"), a("s0r0W0")),
+              (1, 0): (a("s1r0F0"), a("s2r0F0"), a("s2r0I0"), a("s1r0I0"), a("s2r0W0"), a("s1r0W0"))}
+    return Plan(num_stages=4, replicas=(1,) * 4, num_microbatches=1, orders=orders, stage_rank=(0, 1, 1, 0))
+
+
+def test_virtual_stages_validate_per_rank() -> None:
+    plan = v_plan()
+    validate(plan)
+    assert plan.slot(3, 0) == (0, 0) and plan.slot(2, 0) == (1, 0)
+    assert "rank0r0" in format(plan)
+    moved = dict(plan.orders)
+    moved[(0, 0)], moved[(1, 0)] = plan.orders[(0, 0)][:-1], plan.orders[(1, 0)] + plan.orders[(0, 0)][-1:]
+    with pytest.raises(PlanError, match="s0r0W0 is listed in the order of rank 1 replica 0"):
+        validate(replace(plan, orders=moved))
+    with pytest.raises(PlanError, match="stage_rank must be a tuple of 4 ranks"):
+        validate(replace(plan, stage_rank=(0, 1, 1)))
 
 
 def test_the_rule_is_the_textbook_chain() -> None:

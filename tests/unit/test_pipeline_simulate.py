@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError
-from pdml_ray.pipeline.plan import Kind
+from pdml_ray.pipeline.plan import Action, Kind, Plan, unit_time_grid
 from pdml_ray.pipeline.registry import make_scheduler
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, compare_in_simulation
 
@@ -190,3 +190,61 @@ def test_bench_pipeline_refuses_cuda_and_records_no_device(tmp_path, capsys: pyt
     assert result["machine"]["device"] == "none" and result["devices"]["ray"] == "not run"
     assert "osprey_over_1f1b_weighted" in result["grid"][0] and result["seeds"] == [0]
     assert "1f1b-weighted" in result["grid"][0]["makespan_s"]
+
+
+# ---- split backward (F, I, W) and virtual stages ---------------------------------------------------
+
+def split(plan: Plan) -> Plan:
+    """``plan`` with every full backward B replaced by its input gradient I and, at once, its weight gradient W."""
+    def halves(a: Action) -> tuple[Action, ...]:
+        if a.kind is not B:
+            return (a,)
+        return (Action(a.stage, a.replica, Kind.INPUT, a.microbatch), Action(a.stage, a.replica, Kind.WEIGHT, a.microbatch))
+    return dataclasses.replace(plan, orders={key: tuple(x for a in acts for x in halves(a))
+                                             for key, acts in plan.orders.items()})
+
+
+def test_issue_figures_at_8_stages_16_microbatches() -> None:
+    # F = I = W = 1 (full B = 2), no transfer: 1F1B takes (M + S - 1) (F + B) = 23 x 3 = 69.
+    S, M = 8, 16
+    profile = ClusterProfile.build(S, 1, forward_s=1.0, backward_s=2.0)
+    one_f_one_b = make_scheduler("1f1b", stages=S, replicas=1, microbatches=M).plan(0)
+    full = PipelineSimulator(profile).run_step(one_f_one_b)
+    assert full.makespan_s == pytest.approx(69.0) and full.lower_bound_s == pytest.approx(69.0)
+    # The same order with B split into I then W at once: the previous stage gets its gradient after I
+    # (1), not B (2), so the backward chain runs faster: 62, which the unit-time grid (all actions 1)
+    # counts independently. The bound of the split action set is the zero-bubble figure: the last
+    # stage's head (7) plus 16 x 3 = 55.
+    zb_bound = PipelineSimulator(profile).run_step(split(one_f_one_b))
+    assert zb_bound.makespan_s == pytest.approx(len(unit_time_grid(split(one_f_one_b)))) == pytest.approx(62.0)
+    assert zb_bound.lower_bound_s == pytest.approx(55.0)
+    measured = {(x.kind, x.stage, x.microbatch): x.latency_s for x in zb_bound.measurements}
+    assert measured[(Kind.INPUT, 3, 5)] == measured[(Kind.WEIGHT, 3, 5)] == pytest.approx(1.0)
+    # Two chunks per rank as a V (rank k holds stages k and 15 - k), each chunk half the work: the
+    # bound is rank 7's head (stage 7 at 7 x 0.5) plus its 16 x 2 x 1.5 = 48: ZBV's and DualPipeV's 51.5.
+    v_profile = ClusterProfile.build(2 * S, 1, forward_s=0.5, backward_s=1.0)
+    ranks = tuple(range(S)) + tuple(reversed(range(S)))
+    assert PipelineSimulator(v_profile).lower_bound(0, M, split_backward=True, stage_rank=ranks) == pytest.approx(51.5)
+    # Without the V (one chunk per rank, 16 ranks) the bound is the deeper pipeline's: 15 x 0.5 + 24.
+    assert PipelineSimulator(v_profile).lower_bound(0, M, split_backward=True) == pytest.approx(31.5)
+
+
+def test_the_simulator_runs_a_virtual_stage_plan() -> None:
+    # Four stages as a V on two ranks, one micro-batch, F = I = W = 1: the chain F F F F I I I I, then
+    # rank 0's W3 and W0 after its I0 (at 8): 10.
+    a = Action.parse
+    orders = {(0, 0): (a("s0r0F0"), a("s3r0F0"), a("s3r0I0"), a("s0r0I0"), a("s3r0W0"), a("s0r0W0")),
+              (1, 0): (a("s1r0F0"), a("s2r0F0"), a("s2r0I0"), a("s1r0I0"), a("s2r0W0"), a("s1r0W0"))}
+    plan = Plan(num_stages=4, replicas=(1,) * 4, num_microbatches=1, orders=orders, stage_rank=(0, 1, 1, 0))
+    result = PipelineSimulator(ClusterProfile.build(4, 1, forward_s=1.0, backward_s=2.0)).run_step(plan)
+    assert result.makespan_s == pytest.approx(10.0)
+    assert result.peak_memory == {(0, 0): 2, (1, 0): 2} and len(result.bubble_fraction) == 2
+    assert result.bubble_fraction[0] == pytest.approx(1 - 6 / 10)
+
+
+def test_weight_fraction_splits_the_backward() -> None:
+    profile = ClusterProfile.build(2, 1, backward_s=2.0, weight_fraction=0.25)
+    w = PipelineSimulator(profile).work(0, 3)
+    assert w[:, 2, :] == pytest.approx(1.5) and w[:, 3, :] == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match="weight_fraction must be in"):
+        ClusterProfile.build(2, 1, weight_fraction=1.5)
