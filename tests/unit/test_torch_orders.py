@@ -1,0 +1,25 @@
+"""torch's own schedule orders as baselines: converted, validated, simulated."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdml_ray.errors import PlanError
+from pdml_ray.pipeline import torch_orders
+from pdml_ray.pipeline.plan import Kind
+from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
+
+
+def test_torch_zbv_order_converts_validates_and_reaches_the_bound() -> None:
+    # 8 ranks x 2 half-cost chunks, 16 micro-batches, F = I = W = 0.5 per chunk: the issue's 51.5.
+    plan = torch_orders.torch_zbv_plan(8, 16)
+    assert plan.split_backward and plan.stage_rank == tuple(range(8)) + tuple(reversed(range(8)))
+    assert {a.kind for acts in plan.orders.values() for a in acts} == {Kind.FORWARD, Kind.INPUT, Kind.WEIGHT}
+    result = PipelineSimulator(ClusterProfile.build(16, 1, forward_s=0.5, backward_s=1.0)).run_step(plan)
+    assert result.makespan_s == pytest.approx(51.5) and result.lower_bound_s == pytest.approx(51.5)
+
+
+def test_another_torch_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch_orders, "SUPPORTED_TORCH", "2.99")
+    with pytest.raises(PlanError, match="install torch 2.99"):
+        torch_orders.torch_zbv_plan(4, 8)
