@@ -40,16 +40,42 @@ def torch_zbv_plan(ranks: int, microbatches: int) -> Plan:
     stages, rank r holding stages r and 2 ranks - 1 - r), one replica per stage, validated."""
     schedules = _schedules()
     gen = schedules.ScheduleZBVZeroBubble.__new__(schedules.ScheduleZBVZeroBubble)
-    try:  # the sizes its generator reads (torch 2.13)
-        gen._n_microbatches, gen.num_stages, gen.pp_group_size, gen.n_local_stages = microbatches, 2 * ranks, ranks, 2
+    sizes = {"_n_microbatches": microbatches, "num_stages": 2 * ranks, "pp_group_size": ranks, "n_local_stages": 2}
+    return _plan(gen, sizes, ranks, 2, "v", "torch-zbv")
+
+
+def torch_interleaved_zb_plan(ranks: int, microbatches: int, chunks: int = 1) -> Plan:
+    """``ScheduleInterleavedZeroBubble``'s order for ``ranks`` ranks of ``chunks`` chunks each (looped:
+    rank r holds stages r, r + ranks, ...), one replica per stage, validated. torch needs
+    ``microbatches`` a multiple of its rounds (max(1, microbatches // ranks))."""
+    schedules = _schedules()
+    gen = schedules.ScheduleInterleavedZeroBubble.__new__(schedules.ScheduleInterleavedZeroBubble)
+    rounds = max(1, microbatches // ranks)
+    if microbatches % rounds:
+        raise PlanError(f"torch's interleaved zero bubble needs micro-batches a multiple of its {rounds} rounds, got "
+                        f"{microbatches}; use a multiple of {ranks}")
+    sizes = {"_n_microbatches": microbatches, "pp_group_size": ranks, "n_local_stages": chunks,
+             "number_of_rounds": rounds, "microbatches_per_round": microbatches // rounds}
+    return _plan(gen, sizes, ranks, chunks, "loop", "torch-interleaved-zb")
+
+
+def _plan(gen: Any, sizes: dict[str, int], ranks: int, chunks: int, style: str, name: str) -> Plan:
+    """Run torch's per-rank generator ``gen`` (made without ``__init__``, given the ``sizes`` its
+    generator reads) for every rank and convert its ``_Action``s; a missing attribute or an unknown
+    kind means torch's private API moved."""
+    schedules = _schedules()
+    stages = ranks * chunks
+    try:
+        for attr, value in sizes.items():
+            setattr(gen, attr, value)
         per_rank = {r: gen._calculate_single_rank_operations(r) for r in range(ranks)}
-        stage_rank = schedules.generate_stage_to_rank_mapping(ranks, 2 * ranks, style="v")
+        stage_rank = schedules.generate_stage_to_rank_mapping(ranks, stages, style=style)
         orders = {(r, 0): tuple(Action(a.stage_index, 0, _KINDS[a.computation_type.value], a.microbatch_index)
                                 for a in acts if a is not None) for r, acts in per_rank.items()}
     except (AttributeError, KeyError, TypeError) as err:
-        raise PlanError(f"torch's ScheduleZBVZeroBubble generator did not run as torch {SUPPORTED_TORCH}'s does "
+        raise PlanError(f"torch's {type(gen).__name__} generator did not run as torch {SUPPORTED_TORCH}'s does "
                         f"({err!r}); update pdml_ray.pipeline.torch_orders for the installed torch") from err
-    plan = Plan(num_stages=2 * ranks, replicas=(1,) * (2 * ranks), num_microbatches=microbatches, orders=orders,
-                stage_rank=tuple(stage_rank[k] for k in range(2 * ranks)), schedule="torch-zbv")
+    plan = Plan(num_stages=stages, replicas=(1,) * stages, num_microbatches=sizes["_n_microbatches"], orders=orders,
+                stage_rank=tuple(stage_rank[k] for k in range(stages)), schedule=name)
     validate(plan)
     return plan

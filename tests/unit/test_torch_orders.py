@@ -19,6 +19,16 @@ def test_torch_zbv_order_converts_validates_and_reaches_the_bound() -> None:
     assert result.makespan_s == pytest.approx(51.5) and result.lower_bound_s == pytest.approx(51.5)
 
 
+@pytest.mark.parametrize(("chunks", "makespan"), [(1, 55.0), (2, 51.5)])
+def test_torch_interleaved_zero_bubble_matches_the_issue(chunks: int, makespan: float) -> None:
+    # One chunk per rank: the issue's zero-bubble 55; two chunks (looped): its 51.5. Both at the bound.
+    plan = torch_orders.torch_interleaved_zb_plan(8, 16, chunks)
+    assert plan.stage_rank == tuple(k % 8 for k in range(8 * chunks))
+    profile = ClusterProfile.build(8 * chunks, 1, forward_s=1.0 / chunks, backward_s=2.0 / chunks)
+    result = PipelineSimulator(profile).run_step(plan)
+    assert result.makespan_s == pytest.approx(makespan) and result.lower_bound_s == pytest.approx(makespan)
+
+
 def test_another_torch_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch_orders, "SUPPORTED_TORCH", "2.99")
     with pytest.raises(PlanError, match="install torch 2.99"):
