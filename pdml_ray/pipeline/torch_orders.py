@@ -45,18 +45,30 @@ def torch_zbv_plan(ranks: int, microbatches: int) -> Plan:
 
 
 def torch_interleaved_zb_plan(ranks: int, microbatches: int, chunks: int = 1) -> Plan:
-    """``ScheduleInterleavedZeroBubble``'s order for ``ranks`` ranks of ``chunks`` chunks each (looped:
-    rank r holds stages r, r + ranks, ...), one replica per stage, validated. torch needs
-    ``microbatches`` a multiple of its rounds (max(1, microbatches // ranks))."""
+    """``ScheduleInterleavedZeroBubble``'s order (F, I, W) for ``ranks`` ranks of ``chunks`` chunks each
+    (looped: rank r holds stages r, r + ranks, ...), one replica per stage, validated."""
+    return _interleaved("ScheduleInterleavedZeroBubble", ranks, microbatches, chunks, "torch-interleaved-zb")
+
+
+def torch_interleaved_1f1b_plan(ranks: int, microbatches: int, chunks: int = 2) -> Plan:
+    """``ScheduleInterleaved1F1B``'s order (F, B) for ``ranks`` ranks of ``chunks`` chunks each (looped),
+    one replica per stage, validated."""
+    return _interleaved("ScheduleInterleaved1F1B", ranks, microbatches, chunks, "torch-interleaved-1f1b")
+
+
+def _interleaved(cls_name: str, ranks: int, microbatches: int, chunks: int, name: str) -> Plan:
+    """The looped schedules' generators read the same sizes; torch needs ``microbatches`` a multiple
+    of its rounds (max(1, microbatches // ranks))."""
     schedules = _schedules()
-    gen = schedules.ScheduleInterleavedZeroBubble.__new__(schedules.ScheduleInterleavedZeroBubble)
+    cls = getattr(schedules, cls_name)
+    gen = cls.__new__(cls)
     rounds = max(1, microbatches // ranks)
     if microbatches % rounds:
-        raise PlanError(f"torch's interleaved zero bubble needs micro-batches a multiple of its {rounds} rounds, got "
+        raise PlanError(f"torch's {cls_name} needs micro-batches a multiple of its {rounds} rounds, got "
                         f"{microbatches}; use a multiple of {ranks}")
     sizes = {"_n_microbatches": microbatches, "pp_group_size": ranks, "n_local_stages": chunks,
              "number_of_rounds": rounds, "microbatches_per_round": microbatches // rounds}
-    return _plan(gen, sizes, ranks, chunks, "loop", "torch-interleaved-zb")
+    return _plan(gen, sizes, ranks, chunks, "loop", name)
 
 
 def _plan(gen: Any, sizes: dict[str, int], ranks: int, chunks: int, style: str, name: str) -> Plan:

@@ -29,6 +29,17 @@ def test_torch_interleaved_zero_bubble_matches_the_issue(chunks: int, makespan: 
     assert result.makespan_s == pytest.approx(makespan) and result.lower_bound_s == pytest.approx(makespan)
 
 
+@pytest.mark.parametrize(("chunks", "makespan"), [(1, 69.0), (2, 58.5)])
+def test_torch_interleaved_1f1b(chunks: int, makespan: float) -> None:
+    # Full backward (B = 2 per rank): one chunk is 1F1B's (M + S - 1) x 3 = 69; two chunks cut the
+    # warm-up and cool-down to half a chunk's chain each: 3.5 + 48 + 7 = 58.5, the F + B bound.
+    plan = torch_orders.torch_interleaved_1f1b_plan(8, 16, chunks)
+    assert plan.kinds == (Kind.FORWARD, Kind.BACKWARD)
+    profile = ClusterProfile.build(8 * chunks, 1, forward_s=1.0 / chunks, backward_s=2.0 / chunks)
+    result = PipelineSimulator(profile).run_step(plan)
+    assert result.makespan_s == pytest.approx(makespan) and result.lower_bound_s == pytest.approx(makespan)
+
+
 def test_another_torch_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch_orders, "SUPPORTED_TORCH", "2.99")
     with pytest.raises(PlanError, match="install torch 2.99"):
