@@ -164,6 +164,11 @@ class StragglerRuntime:
         if self._gauges is not None:
             self._gauges.close()
         if self._scheduler_actor is not None:
+            if self.feed is not None:
+                try:
+                    self.feed.close()  # its figures stay readable after the actor is gone
+                except PDMLError:  # the scheduler is already gone: its figures with it
+                    pass
             try:
                 ray.get(self._scheduler_actor.close.remote(), timeout=10)
             except ray.exceptions.RayError:

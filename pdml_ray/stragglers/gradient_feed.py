@@ -59,6 +59,7 @@ class GradientFeed:
         self.weight_history: list[tuple[int, tuple[float, float, float]]] = []
         self.decision: GradientDecision | None = None
         self._buffer: list[WorkerReport] = []
+        self._closed_stats: dict[str, object] | None = None
 
     @classmethod
     def for_policy(cls, policy: StragglerPolicy, **kwargs: Any) -> GradientFeed | None:
@@ -93,8 +94,16 @@ class GradientFeed:
         return adopted
 
     def stats(self) -> dict[str, object]:
-        """The deriver's figures for a benchmark: high/low gradient-norm ratio, weights, K, arms pulled."""
+        """The deriver's figures for a benchmark: high/low gradient-norm ratio, weights, K, arms pulled
+        (after ``close``: as they were then)."""
+        if self._closed_stats is not None:
+            return self._closed_stats
         s = self.client.call("stats").derivers["gradient"]
         return {"high_low_grad_norm_ratio": s.high_low_grad_norm_ratio, "weights": s.weights,
                 "k_fraction": s.k_fraction, "arm_pulls": s.arm_pulls, "collapse_resets": s.collapse_resets,
                 "progress_rate": s.progress_rate, "cost_s": self.cost_s}
+
+    def close(self) -> None:
+        """The run is over (its scheduler is about to end): keep the figures ``stats`` reads from it."""
+        if self._closed_stats is None:
+            self._closed_stats = self.stats()
