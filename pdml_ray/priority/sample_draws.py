@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from pdml_ray.config import SamplePriorityConfig
-from pdml_ray.decisions import SamplePlan
-from pdml_ray.errors import PlanError
+from pdml_ray.decisions import MAX_STEP, SamplePlan
+from pdml_ray.errors import PlanError, shown
 from pdml_ray.priority.sumtree import SumTree
 
 logger = logging.getLogger(__name__)
@@ -189,9 +189,10 @@ class SampleDraws:
             raise PlanError(f"batch_sizes must be a non-empty sequence of integers >= 0 (one per worker), "
                             f"got {batch_sizes!r}")
         if not (integer(num_steps) and num_steps >= 1):
-            raise PlanError(f"num_steps must be an integer >= 1, got {num_steps!r}")
-        if not (integer(first_step) and first_step >= 0):
-            raise PlanError(f"first_step must be an integer >= 0, got {first_step!r}")
+            raise PlanError(f"num_steps must be an integer >= 1, got {shown(num_steps)}")
+        if not (integer(first_step) and 0 <= first_step <= MAX_STEP and num_steps <= MAX_STEP - first_step):
+            raise PlanError(f"first_step must be an integer in [0, {MAX_STEP}] (steps are int64), and the plans' last "
+                            f"step too, got first_step {shown(first_step)} and num_steps {shown(num_steps)}")
         sizes = [int(b) for b in batch_sizes]
         total = sum(sizes)
         if total * num_steps > _MAX_PLAN_SAMPLES:

@@ -382,3 +382,13 @@ def test_label_balanced_baseline_draws_each_class_equally_often_and_uniformly_wi
     assert ((counts - expected) ** 2 / expected).sum() < 27.88  # 99.9% quantile, 9 degrees of freedom
     majority = np.bincount(draws[labels[draws] == 0], minlength=2000)[classes[0]]
     assert majority.min() > 0 and abs(majority.mean() - (draws.size - counts.sum()) / classes[0].size) < 1e-9
+
+
+def test_plans_for_a_step_beyond_int64_are_refused_not_overflowed():
+    """Hypothesis found it: a first step of 10**300 raised OverflowError in the beta schedule."""
+    from pdml_ray.errors import PlanError
+
+    sp = SamplePrioritizer(64, SamplePriorityConfig(replacement=False), seed=0)
+    sp.update(np.arange(10), np.linspace(0, 5, 10), step=0)
+    with pytest.raises(PlanError, match="first_step must be an integer in"):
+        sp.plans(10**300, 1, [0])
