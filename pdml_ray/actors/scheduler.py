@@ -390,6 +390,16 @@ def _scheduler_runtime_env() -> dict[str, Any]:
     return {"env_vars": {**env, **job_env}}
 
 
+def end_scheduler(handle: Any) -> None:
+    """End a run's scheduler actor: its restart snapshot is deleted first (``close``), then the actor is
+    killed; a scheduler already gone is no error."""
+    try:
+        ray.get(handle.close.remote(), timeout=10)
+    except RayError:
+        pass
+    ray.kill(handle)
+
+
 def find_scheduler(name: str, namespace: str = "pdml") -> Any:
     """Handle of a running scheduler actor, or None."""
     try:

@@ -131,13 +131,9 @@ class ScheduledPlans:
         """End the run's scheduler actor (its snapshot deleted first); in-process there is nothing to end."""
         if self._actor is None:
             return
-        import ray
+        from pdml_ray.actors.scheduler import end_scheduler
 
-        try:
-            ray.get(self._actor.close.remote(), timeout=10)
-        except ray.exceptions.RayError:
-            pass
-        ray.kill(self._actor)
+        end_scheduler(self._actor)
         self._actor = None
 
 

@@ -52,7 +52,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from torch import Tensor, nn
 
 from pdml_ray.actors.gradient_worker import DEFAULT_GRADIENT_WORKER_NUM_CPUS, launch_gradient_worker
-from pdml_ray.actors.scheduler import create_scheduler
+from pdml_ray.actors.scheduler import create_scheduler, end_scheduler
 from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
 from pdml_ray.config.stragglers import StragglerConfig
 from pdml_ray.decisions import WorkerReport
@@ -169,11 +169,7 @@ class StragglerRuntime:
                     self.feed.close()  # its figures stay readable after the actor is gone
                 except PDMLError:  # the scheduler is already gone: its figures with it
                     pass
-            try:
-                ray.get(self._scheduler_actor.close.remote(), timeout=10)
-            except ray.exceptions.RayError:
-                pass
-            ray.kill(self._scheduler_actor)
+            end_scheduler(self._scheduler_actor)
             self._scheduler_actor = None
         if self._own_pool:
             self.pool.shutdown()
