@@ -51,6 +51,8 @@ import argparse
 import statistics
 from typing import Any
 
+from pdml_ray.cli.args import positive_list
+
 DESCRIPTION = ("P3 vs FIFO vs bucketed send order: parameter-server runtime on Ray actors, all-reduce runtime in "
                "Ray Train, simulation (bandwidth EMULATED)")
 RATIOS = (0.5, 1.0, 2.0)
@@ -59,27 +61,14 @@ BASELINES = POLICIES[1:]
 SETTINGS = ("bench", "library")
 
 
-def _positive_list(text: str, what: str, example: str) -> tuple[float, ...]:
-    import math
-
-    try:
-        values = tuple(float(item) for item in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or not all(math.isfinite(v) and v > 0 for v in values) or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"needs distinct finite {what} > 0 separated by commas, e.g. {example}; "
-                                         f"got {text[:80]!r}")
-    return values
-
-
 def ms_list(text: str) -> tuple[float, ...]:
     """``--compute-ms``: milliseconds per iteration, in the order given (the first is the targets')."""
-    return _positive_list(text, "milliseconds", "300,150")
+    return positive_list(text, "milliseconds", "300,150")
 
 
 def ratio_list(text: str) -> tuple[float, ...]:
     """``--ratios``: comm/compute ratios, ascending."""
-    return tuple(sorted(_positive_list(text, "comm/compute ratios", "0.5,1,2")))
+    return tuple(sorted(positive_list(text, "comm/compute ratios", "0.5,1,2")))
 
 
 def settings_list(text: str) -> tuple[str, ...]:

@@ -117,17 +117,9 @@ _SWEEP_SEED_OFFSET = 1_000  # sweep seeds are seed + 1000 + k, never one of the 
 
 def rate_list(text: str) -> tuple[float, ...]:
     """``--lr-grid``: finite learning rates > 0, comma-separated, each once."""
-    import argparse
-    import math
+    from pdml_ray.cli.args import positive_list
 
-    try:
-        rates = tuple(float(item) for item in text.split(","))
-    except ValueError:
-        rates = ()
-    if not rates or not all(math.isfinite(r) and r > 0 for r in rates) or len(set(rates)) != len(rates):
-        raise argparse.ArgumentTypeError(f"needs distinct finite learning rates > 0 separated by commas, e.g. "
-                                         f"{LR_GRID}; got {text[:80]!r}")
-    return tuple(sorted(rates))
+    return tuple(sorted(positive_list(text, "learning rates", LR_GRID)))
 
 
 def choose_rates(sweep_trials: dict[float, list[dict[str, Any]]], arm_names: Sequence[str]) -> dict[str, float]:

@@ -113,3 +113,15 @@ def ray_address(text: str) -> str:
 
 
 ray_address.__name__ = "address"
+
+
+def positive_list(text: str, what: str, example: str) -> tuple[float, ...]:
+    """A comma-separated list of distinct finite numbers > 0 (``--ratios 0.5,1,2``, ``--lr-grid``)."""
+    try:
+        values = tuple(float(item) for item in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(math.isfinite(v) and v > 0 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"needs distinct finite {what} > 0 separated by commas, e.g. {example}; "
+                                         f"got {text[:80]!r}")
+    return values
