@@ -116,8 +116,7 @@ def main() -> None:
     speeds = [float(s) for s in args.speeds.split(",")] if args.speeds else None
     workers = len(speeds) if speeds else args.workers
     ray.init()  # under `ray job submit` this joins the cluster; locally it starts one
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=args.global_batch, emulated_speeds=speeds,
-                                                         decision_interval=4))
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=args.global_batch, emulated_speeds=speeds))
     result = PDMLTrainer(
         train_loop,
         train_loop_config={"samples": args.steps * args.global_batch, "seq": args.seq, "vocab": args.vocab,

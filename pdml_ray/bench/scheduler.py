@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     duration = args.duration or (15.0 if args.quick else 60.0)
     saturate_s = 8.0 if args.quick else 20.0
     warmup_s = 5.0 if args.quick else 20.0
-    interval = _config(args.workers, "x").node_priority.decision_interval
+    interval = _config(args.workers, "x").decision_interval
     print(f"bench scheduler: {args.workers} workers at {args.hz:g} steps/s, reports flushed every {interval} steps; "
           f"{SIMULATED_NOTE}", flush=True)
     started_here = not ray.is_initialized()

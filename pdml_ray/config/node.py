@@ -40,8 +40,6 @@ class NodePriorityConfig:
     """Weight of the newest report in each worker's step-time fit: every later report makes an
     older one count ``1 - ema_alpha`` times less (0.1: about the last 20 reports carry the fit;
     1.0 = only the newest report, which leaves no noise estimate, so only ``hysteresis`` gates)."""
-    decision_interval: int = 5
-    """Steps between node decisions; all ranks switch to a new decision at the same step."""
     warmup_steps: int = 2
     """Steps whose reports are ignored at the start (allocator and kernel warm-up distort timings)."""
     min_batch: int = 1
@@ -89,7 +87,6 @@ class NodePriorityConfig:
                     whole=True, hint="steps in a row one worker may be excluded for a NaN or infinite loss before "
                                      "the run stops, e.g. 3")
         check_range(self.ema_alpha, "node_priority.ema_alpha", 0.0, 1.0, open_low=True, hint="e.g. 0.5")
-        check_range(self.decision_interval, "node_priority.decision_interval", 1, MAX_STEPS, whole=True, hint="steps")
         check_range(self.warmup_steps, "node_priority.warmup_steps", 0, MAX_STEPS, whole=True, hint="steps")
         check_range(self.min_batch, "node_priority.min_batch", 0, MAX_GLOBAL_BATCH, whole=True, hint="samples")
         check_range(self.max_batch, "node_priority.max_batch", max(1, self.min_batch), MAX_GLOBAL_BATCH, whole=True,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdml_ray.config.checks import check_range, require
+from pdml_ray.config.checks import MAX_STEPS, check_range, require
 from pdml_ray.config.continuity import ContinuityConfig
 from pdml_ray.config.gradient import GradientPriorityConfig
 from pdml_ray.config.loading import load_dataclass, read_yaml
@@ -46,6 +46,10 @@ class PDMLConfig:
     p3: P3Config | None = None
     """None (the default): gradients go through DDP's hook. Set it for P3 ordering: per-slice all-reduces in
     priority order with per-layer optimizer steps (``pdml_ray.train.p3_sync``), and the simulator's settings."""
+    decision_interval: int = 5
+    """Steps between decision boundaries, for every axis that decides at boundaries: node shares, sample
+    plans and the gradient rule are re-derived every ``decision_interval`` steps, and all ranks switch
+    together at the same step. The pipeline axis plans every step (a plan per step)."""
     seed: int = 0
     """Seed of the global permutation and of every random draw the scheduler makes."""
     replay_log: int = 0
@@ -60,6 +64,8 @@ class PDMLConfig:
 
     def __post_init__(self) -> None:
         check_range(self.seed, "seed", 0, 2**63 - 1, whole=True, hint="of numpy's and torch's generators")
+        check_range(self.decision_interval, "decision_interval", 1, MAX_STEPS, whole=True,
+                    hint="steps between decision boundaries, e.g. 5")
         check_range(self.replay_log, "replay_log", 0, 10**7, whole=True, hint="scheduler inputs kept; 0 = none")
         for f in dataclasses.fields(self):  # sections: the right config class (or None where optional)
             section = _SECTIONS.get(f.name)

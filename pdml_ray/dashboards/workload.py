@@ -28,8 +28,8 @@ STEP_S = (0.06, 0.06)
 
 def config(scheduler_name: str = "pdml-metrics-demo") -> PDMLConfig:
     """Node, sample and gradient priorities on, decisions every ``INTERVAL`` steps."""
-    return PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=GLOBAL_BATCH, warmup_steps=0,
-                                                       decision_interval=INTERVAL),
+    return PDMLConfig(decision_interval=INTERVAL,
+                      node_priority=NodePriorityConfig(global_batch_size=GLOBAL_BATCH, warmup_steps=0),
                       sample_priority=SamplePriorityConfig(), gradient_priority=GradientPriorityConfig(),
                       scheduler_name=scheduler_name)
 

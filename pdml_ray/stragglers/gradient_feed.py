@@ -31,11 +31,12 @@ from pdml_ray.stragglers.policy import StragglerPolicy
 
 
 def feed_config(config: GradientPriorityConfig, seed: int = 0,
-                fixed_weights: tuple[float, float, float] | None = None) -> PDMLConfig:
-    """The scheduler config of a straggler run's gradient axis (and nothing else)."""
+                fixed_weights: tuple[float, float, float] | None = None, decision_interval: int = 5) -> PDMLConfig:
+    """The scheduler config of a straggler run's gradient axis (and nothing else), deciding every
+    ``decision_interval`` steps."""
     if fixed_weights is not None:
         config = dataclasses.replace(config, prior_weights=tuple(fixed_weights), simplex_resolution=0)  # type: ignore[arg-type]
-    return PDMLConfig(gradient_priority=config, seed=seed)
+    return PDMLConfig(gradient_priority=config, seed=seed, decision_interval=decision_interval)
 
 
 class GradientFeed:
@@ -44,8 +45,9 @@ class GradientFeed:
     def __init__(self, config: GradientPriorityConfig, num_workers: int, *, interval: int = 5,
                  fixed_weights: tuple[float, float, float] | None = None, seed: int = 0,
                  transport: SchedulerTransport | None = None) -> None:
-        self.pdml_config = feed_config(config, seed, fixed_weights)
-        self.config, self.interval, self.fixed_weights = self.pdml_config.gradient_priority, int(interval), fixed_weights
+        self.pdml_config = feed_config(config, seed, fixed_weights, interval)
+        self.config, self.fixed_weights = self.pdml_config.gradient_priority, fixed_weights
+        self.interval = self.pdml_config.decision_interval
         self.scheduler: Scheduler | None = None
         if transport is None:  # in this process (the simulator)
             self.scheduler = Scheduler(self.pdml_config, num_workers)

@@ -197,7 +197,7 @@ class PDMLContext:
             self.lead_steps = lead_steps
             # at the start, or resuming: nothing adopted is pending, and the next boundary's decisions take
             # effect lead_steps after it, so every step before that runs on the current decision
-            k = self.config.node.decision_interval
+            k = self.config.decision_interval
             self._horizon = -(-self.global_step // k) * k + lead_steps
         if self._sampler_step is None:
             self._sampler_step = self.global_step
@@ -278,7 +278,7 @@ class PDMLContext:
         """Start of a step: decisions effective from it take over; at a boundary, fetch new ones."""
         while self._upcoming and self._upcoming[0].effective_step <= self.global_step:
             self._in_force(self._upcoming.pop(0))
-        if self.global_step % self.config.node.decision_interval == 0:
+        if self.global_step % self.config.decision_interval == 0:
             self._boundary()
 
     def _in_force(self, decision: NodeDecision) -> None:
@@ -313,7 +313,7 @@ class PDMLContext:
     def _boundary(self) -> None:
         """At every ``decision_interval``-th step: flush reports, rank 0 polls, everyone adopts together.
         What the bundle brings takes effect ``lead_steps`` from now (at once with ``epoch()``)."""
-        k, lead = self.config.node.decision_interval, self.lead_steps
+        k, lead = self.config.decision_interval, self.lead_steps
         t0 = time.perf_counter()
         bundle = None
         if self.rank == 0 and self.client is not None:
@@ -349,7 +349,7 @@ class PDMLContext:
         self.overhead_s += dt
 
     def _boundary_for(self, first_step: int) -> Boundary:
-        return Boundary(first_step, self.config.node.decision_interval, self.decision_at(first_step).batch_sizes)
+        return Boundary(first_step, self.config.decision_interval, self.decision_at(first_step).batch_sizes)
 
     def _adopt(self, bundle: StepBundle) -> None:
         """Adopt each decision for exactly the step the scheduler stamped on it; a late one is dropped

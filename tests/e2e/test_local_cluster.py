@@ -38,7 +38,7 @@ result = PDMLTrainer(
     train_loop_config={"num_samples": 6 * 256, "dim": 16, "hidden": 32, "depth": 1, "num_classes": 4,
                        "epochs": 1, "lr": 0.05, "seed": 0},
     scaling_config=ray.train.ScalingConfig(num_workers=2),
-    pdml_config=PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=256, decision_interval=2)),
+    pdml_config=PDMLConfig(decision_interval=2, node_priority=NodePriorityConfig(global_batch_size=256)),
 ).fit()
 node = result.pdml.stats.derivers["node"]
 print("PDML_ACCELERATORS " + json.dumps(list(node.accelerator_types)))

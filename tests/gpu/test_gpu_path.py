@@ -36,8 +36,8 @@ def test_combined_gradient_on_gpus_equals_the_single_process_gradient(tmp_path):
     out = tmp_path / "out.json"
     ray.init(runtime_env={"env_vars": {"PYTHONPATH": str(RAY_TESTS), "OMP_NUM_THREADS": "1"}}, log_to_driver=False)
     try:
-        config = PDMLConfig(node_priority=NodePriorityConfig(
-            global_batch_size=256, emulated_speeds=[1.0, 0.4][:workers], decision_interval=2, warmup_steps=1,
+        config = PDMLConfig(decision_interval=2, node_priority=NodePriorityConfig(
+            global_batch_size=256, emulated_speeds=[1.0, 0.4][:workers], warmup_steps=1,
             ema_alpha=1.0), scheduler_name="gpu-grad")
         PDMLTrainer(wrapped_loop, train_loop_config={"out": str(out), "steps": 10, "sync": "ddp"},
                     scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=True),

@@ -17,8 +17,7 @@ N, B = 64 * 24, 64
 
 def test_every_sample_once_per_epoch_through_a_prefetching_dataloader(ray_local, tmp_path):
     out = tmp_path / "dl"
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=B, emulated_speeds=[1.0, 0.4],
-                                                         decision_interval=4, warmup_steps=1))
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=B, emulated_speeds=[1.0, 0.4], warmup_steps=1))
     PDMLTrainer(dataloader_loop, train_loop_config={"out": str(out), "num_samples": N},
                 scaling_config=ray.train.ScalingConfig(num_workers=2),
                 run_config=ray.train.RunConfig(name="dataloader", storage_path=str(tmp_path)),

@@ -28,8 +28,7 @@ SETTLED = 12  # the last steps, over which the shares are averaged
 @pytest.fixture(scope="module")
 def run(ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("affine") / "out.json"
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=GLOBAL_BATCH, emulated_speeds=[1.0, 0.4],
-                                                         decision_interval=4, warmup_steps=WARMUP))
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=GLOBAL_BATCH, emulated_speeds=[1.0, 0.4], warmup_steps=WARMUP))
     result = PDMLTrainer(fixed_cost_loop,
                          train_loop_config={"out": str(out), "steps": STEPS, "global_batch": GLOBAL_BATCH,
                                             "hidden": 128},

@@ -20,9 +20,8 @@ def run(ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("node") / "out.json"
     # sleep compute mode: a small real MLP for the gradients, plus an EMULATED 0.25 ms per sample / speed,
     # so the right split is the speed ratio whatever else the machine runs
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=512, emulated_speeds=[1.0, 0.4],
-                                                         emulated_per_sample_s=2.5e-4,
-                                                         decision_interval=4, warmup_steps=2))
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=512, emulated_speeds=[1.0, 0.4],
+                                                         emulated_per_sample_s=2.5e-4, warmup_steps=2))
     result = PDMLTrainer(checking_loop, train_loop_config={"out": str(out), "hidden": 128},
                          scaling_config=ray.train.ScalingConfig(num_workers=2),
                          run_config=ray.train.RunConfig(name="node-test", storage_path=str(out.parent)),

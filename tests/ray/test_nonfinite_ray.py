@@ -16,7 +16,7 @@ from nonfinite_loops import nan_loop
 
 def _fit(tmp_path, name, sync, bad_steps, steps=8, kind="nan", num_workers=2, bad_rank=1, **node):
     out = tmp_path / f"{name}.json"
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=128, decision_interval=2, warmup_steps=1,
+    config = PDMLConfig(decision_interval=2, node_priority=NodePriorityConfig(global_batch_size=128, warmup_steps=1,
                                                          ema_alpha=1.0, **node),
                         scheduler_name=name)
     t0 = time.perf_counter()

@@ -105,9 +105,8 @@ def test_optimizers_that_are_not_per_parameter_and_wrappers_are_refused():
 @pytest.fixture(scope="module")
 def run(ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("p3") / "out.json"
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=128, emulated_speeds=[1.0, 0.4],
-                                                         emulated_per_sample_s=2.5e-4, decision_interval=2,
-                                                         warmup_steps=2),
+    config = PDMLConfig(decision_interval=2, node_priority=NodePriorityConfig(global_batch_size=128, emulated_speeds=[1.0, 0.4],
+                                                         emulated_per_sample_s=2.5e-4, warmup_steps=2),
                         p3=P3Config(slice_elements=20_000, emulated_bandwidth_gbps=0.1))
     result = PDMLTrainer(p3_loop, train_loop_config={"out": str(out)},
                          scaling_config=ray.train.ScalingConfig(num_workers=2),

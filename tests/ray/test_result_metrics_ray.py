@@ -42,9 +42,8 @@ def reporting_loop(config):
 @pytest.fixture(scope="module")
 def result(ray_local, tmp_path_factory):
     storage = tmp_path_factory.mktemp("result_metrics")
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64, emulated_speeds=[1.0, 0.5],
-                                                         emulated_per_sample_s=2e-4, decision_interval=4,
-                                                         warmup_steps=1))
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=64, emulated_speeds=[1.0, 0.5],
+                                                         emulated_per_sample_s=2e-4, warmup_steps=1))
     return PDMLTrainer(reporting_loop, scaling_config=ray.train.ScalingConfig(num_workers=2),
                        run_config=ray.train.RunConfig(name="result-metrics", storage_path=str(storage)),
                        pdml_config=config).fit()

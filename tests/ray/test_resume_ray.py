@@ -26,7 +26,7 @@ STEPS = 2 * N // B
 
 
 def _fit(tmp: Path, name: str, sampler: bool, epochs: int = 2, crash_at: int | None = None, run: int = 0):
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=B, decision_interval=2, enabled=False))
+    config = PDMLConfig(decision_interval=2, node_priority=NodePriorityConfig(global_batch_size=B, enabled=False))
     return PDMLTrainer(resumable_loop, train_loop_config={"out": str(tmp / name), "num_samples": N, "epochs": epochs,
                                                           "crash_at": crash_at, "sampler": sampler, "run": run},
                        scaling_config=ray.train.ScalingConfig(num_workers=2),

@@ -25,9 +25,8 @@ def run(ray_local, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sampling")
     # sleep-emulated compute (0.2 ms/sample / speed): the MLP's own sub-millisecond compute is noise on a
     # loaded machine, and a noise gate that keeps the uniform split is right to (a flake seen under load)
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=200, emulated_speeds=[1.0, 0.5],
-                                                         emulated_per_sample_s=2e-4, decision_interval=3,
-                                                         warmup_steps=1),
+    config = PDMLConfig(decision_interval=3, node_priority=NodePriorityConfig(global_batch_size=200, emulated_speeds=[1.0, 0.5],
+                                                         emulated_per_sample_s=2e-4, warmup_steps=1),
                         sample_priority=SamplePriorityConfig(exponent=1.0, uniform_mix=0.1),
                         scheduler_name="sampling-test")
     result = PDMLTrainer(sampling_loop, train_loop_config={"num_samples": N, "hard": HARD, "epochs": 6,

@@ -89,9 +89,8 @@ def run(ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("restart") / "out.json"
     # EMULATED speeds (sleep compute mode, 0.1 ms per sample / speed), and no noise gate or hysteresis:
     # the deriver keeps publishing refinements, so decisions after the restart show up within steps
-    config = PDMLConfig(node_priority=NodePriorityConfig(
-        global_batch_size=256, emulated_speeds=[1.0, 0.5], emulated_per_sample_s=1e-4, decision_interval=4,
-        warmup_steps=2, hysteresis=0.0, decision_confidence=0.0))
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(
+        global_batch_size=256, emulated_speeds=[1.0, 0.5], emulated_per_sample_s=1e-4, warmup_steps=2, hysteresis=0.0, decision_confidence=0.0))
     result = PDMLTrainer(restart_loop, train_loop_config={"out": str(out)},
                          scaling_config=ray.train.ScalingConfig(num_workers=2),
                          run_config=ray.train.RunConfig(name="restart-test", storage_path=str(out.parent)),

@@ -18,8 +18,7 @@ from loops import buffers_loop, plain_loop, short_loop, wrapped_loop
 @pytest.mark.parametrize("sync", ["ddp", "fsdp"])
 def test_combined_gradient_equals_the_global_batch_gradient(ray_local, tmp_path, sync):
     out = tmp_path / "out.json"
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=256, emulated_speeds=[1.0, 0.4],
-                                                         decision_interval=2, warmup_steps=1, ema_alpha=1.0),
+    config = PDMLConfig(decision_interval=2, node_priority=NodePriorityConfig(global_batch_size=256, emulated_speeds=[1.0, 0.4], warmup_steps=1, ema_alpha=1.0),
                         scheduler_name=f"wrappers-{sync}")
     PDMLTrainer(wrapped_loop, train_loop_config={"out": str(out), "steps": 10, "sync": sync},
                 scaling_config=ray.train.ScalingConfig(num_workers=2),
@@ -80,8 +79,7 @@ def test_two_concurrent_runs_get_their_own_scheduler(ray_local, tmp_path):
 def test_a_plain_module_gets_ddp_and_its_buffers_follow_rank_0(ray_local, tmp_path):
     out = tmp_path / "buffers.json"
     # min_batch: the model has BatchNorm, which cannot train on one sample (a noisy split once gave rank 1 one)
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=128, emulated_speeds=[1.0, 0.5],
-                                                         decision_interval=2, warmup_steps=1, min_batch=8))
+    config = PDMLConfig(decision_interval=2, node_priority=NodePriorityConfig(global_batch_size=128, emulated_speeds=[1.0, 0.5], warmup_steps=1, min_batch=8))
     PDMLTrainer(buffers_loop, train_loop_config={"out": str(out)}, scaling_config=ray.train.ScalingConfig(num_workers=2),
                 run_config=ray.train.RunConfig(name="wrappers-buffers", storage_path=str(tmp_path)),
                 pdml_config=config).fit()

@@ -21,7 +21,7 @@ N, B = 64 * 30, 64
 
 
 def _ctx():
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=B, decision_interval=4, warmup_steps=0,
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=B, warmup_steps=0,
                                                          hysteresis=0.0, ema_alpha=1.0))
     scheduler = Scheduler(config, 2)
     return PDMLContext(config, 0, 1, torch.device("cpu"), "CPU", SchedulerClient(TwoWorkers(scheduler, False))), scheduler

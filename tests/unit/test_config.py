@@ -10,7 +10,6 @@ from pdml_ray.errors import ConfigError
     (dict(global_batch_size=0), r"global_batch_size must be an integer in \[1, 1073741824\]"),
     (dict(ema_alpha=0.0), "ema_alpha must be a number in"),
     (dict(ema_alpha=float("nan")), "ema_alpha must be a number in"),
-    (dict(decision_interval=0), "decision_interval"),
     (dict(min_batch=-1), "min_batch"),
     (dict(min_batch=8, max_batch=4), r"max_batch must be an integer in \[8, "),
     (dict(hysteresis=1.5), "hysteresis"),
@@ -52,8 +51,20 @@ def test_from_dict_and_yaml(tmp_path):
     assert cfg.node_priority.accelerator_prior()["A100"] == 0.5
     assert PDMLConfig.from_dict(cfg.to_dict()) == cfg
     path = tmp_path / "pdml.yaml"
-    path.write_text("node_priority:\n  global_batch_size: 32\n  decision_interval: 3\n")
-    assert PDMLConfig.from_yaml(path).node_priority.decision_interval == 3
+    path.write_text("decision_interval: 3\nnode_priority:\n  global_batch_size: 32\n")
+    assert PDMLConfig.from_yaml(path).decision_interval == 3
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "5", None])
+def test_decision_interval_is_a_top_level_whole_number_of_steps(value):
+    with pytest.raises(ConfigError, match=r"decision_interval must be an integer in \[1, "):
+        PDMLConfig(decision_interval=value)
+
+
+def test_decision_interval_in_the_node_section_is_refused_naming_the_valid_keys():
+    # it moved out of the node section: every axis that decides at boundaries reads it
+    with pytest.raises(ConfigError, match="unknown key.*decision_interval"):
+        PDMLConfig.from_dict({"node_priority": {"global_batch_size": 32, "decision_interval": 3}})
 
 
 def test_unknown_keys_list_the_valid_ones():

@@ -51,7 +51,7 @@ class TwoWorkers(LocalSchedulerTransport):
 
 
 def _train(late, sample=False, steps=48):
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64, decision_interval=4, warmup_steps=0,
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=64, warmup_steps=0,
                                                          hysteresis=0.0, ema_alpha=1.0),
                         sample_priority=SamplePriorityConfig() if sample else None)
     scheduler = Scheduler(config, 2)

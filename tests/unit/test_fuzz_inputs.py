@@ -38,7 +38,7 @@ VALUES = st.one_of(NASTY, st.integers(-5, 5000), st.floats(allow_nan=True, allow
                    st.text(max_size=5), st.lists(st.floats(-2, 2), max_size=4))
 
 SECTIONS = {
-    "node_priority": ["global_batch_size", "ema_alpha", "decision_interval", "warmup_steps", "min_batch", "max_batch",
+    "node_priority": ["global_batch_size", "ema_alpha", "warmup_steps", "min_batch", "max_batch",
                       "hysteresis", "decision_confidence", "prior", "emulated_speeds", "emulated_per_sample_s",
                       "enabled"],
     "sample_priority": ["score", "score_ema", "exponent", "uniform_mix", "staleness_decay", "stale_after",
@@ -54,7 +54,7 @@ SECTIONS = {
     "p3": ["policy", "slice_elements", "credit_bytes", "bucket_bytes", "auto", "emulated_bandwidth_gbps",
            "emulated_latency_us", "element_size"],
 }
-TOP = ["seed", "scheduler_name", "namespace", "bogus"]
+TOP = ["seed", "decision_interval", "scheduler_name", "namespace", "bogus"]
 
 
 PLAUSIBLE = st.sampled_from([1, 2, 4, 16, 64, 0.1, 0.5, 0.9, True, False, None, "1f1b", "osprey", "loss_ema", "mean"])
@@ -142,7 +142,7 @@ def test_the_issues_config_examples():
     with pytest.raises(ConfigError, match="global_batch_size"):
         PDMLConfig.from_dict({"node_priority": {"global_batch_size": 10**18}})
     with pytest.raises(ConfigError, match="decision_interval"):
-        NodePriorityConfig(decision_interval=True)
+        PDMLConfig(decision_interval=True)
 
 
 def test_malformed_yaml_is_a_config_error_naming_the_file(tmp_path):

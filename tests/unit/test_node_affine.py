@@ -25,7 +25,7 @@ def drive(deriver, fixed, rates, steps, noise=0.0, seed=0, first_step=0):
     """Simulated workers: worker i computes its decided batch b in (c_i + b / r_i) * (1 + noise * N(0, 1))
     seconds. Each step every worker reports; every ``decision_interval`` steps the deriver decides.
     Returns the decisions as (step, sizes) and the sizes each step ran with."""
-    k = deriver.node_config.decision_interval
+    k = deriver.config.decision_interval
     rng = np.random.default_rng(seed)
     decisions, ran = [], []
     for step in range(first_step, first_step + steps):
@@ -209,7 +209,7 @@ def test_identical_noisy_workers_keep_equal_shares(seed, fixed):
     # hysteresis took about 30 decisions after warm-up here, with shares up to 8-19% off equal
     deriver = _deriver(3, global_batch_size=192)
     decisions, ran = drive(deriver, [fixed] * 3, [2000.0] * 3, 200, noise=0.1, seed=seed)
-    warm = deriver.node_config.warmup_steps + deriver.node_config.decision_interval
+    warm = deriver.node_config.warmup_steps + deriver.config.decision_interval
     assert len([d for d in decisions if d[0] >= warm]) <= 2, decisions
     assert np.abs(np.asarray(ran) / 64.0 - 1.0).max() <= 0.05, decisions
 

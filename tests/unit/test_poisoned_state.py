@@ -168,7 +168,7 @@ def test_an_outlying_first_report_washes_out_in_bounded_clean_steps(first, withi
 
 # -- node decisions ----------------------------------------------------------------------------------
 def test_with_min_batch_0_an_idle_worker_is_not_a_rejection_and_is_measured_again():
-    s = Scheduler(_config(min_batch=0, decision_interval=5), 2)
+    s = Scheduler(_config(min_batch=0), 2)
     step = 0
     sizes = s.decision().batch_sizes
     speeds = [1000.0, 1.0]  # worker 1 is very slow: it is rounded to 0 samples
@@ -188,7 +188,7 @@ def test_with_min_batch_0_an_idle_worker_is_not_a_rejection_and_is_measured_agai
 
 
 def test_a_worker_that_stays_slow_is_probed_ever_more_rarely():
-    s = Scheduler(_config(min_batch=0, decision_interval=5), 2)
+    s = Scheduler(_config(min_batch=0), 2)
     sizes, probes = s.decision().batch_sizes, 0
     for rnd in range(200):
         step = 5 * rnd

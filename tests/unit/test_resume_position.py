@@ -17,7 +17,7 @@ N, B = 96, 8  # 12 steps per epoch
 
 
 def _context() -> PDMLContext:
-    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=B, decision_interval=4))
+    config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=B))
     ctx = PDMLContext(config, 0, 1, torch.device("cpu"), "CPU", SchedulerClient(LocalSchedulerTransport(
         Scheduler(config, 1))))
     ctx.prepare_model(torch.nn.Linear(2, 1))
