@@ -493,6 +493,77 @@ class MicroBatchPlan:
                 f"{p.num_stages} stages x {list(p.replicas)}, {p.num_microbatches} micro-batches")
 
 
+P3_METHODS = ("config", "rule")
+"""How a ``P3Decision`` was made: ``config`` (``P3Config``'s fixed slice size and credit, published as they
+are), ``rule`` (``pdml_ray.p3.auto.tune`` over the measured link)."""
+MAX_SLICE_ELEMENTS = 1 << 40
+"""Most elements a P3 slice or credit window may span (``P3Config``'s bound on its fields)."""
+
+
+@dataclass(frozen=True, slots=True)
+class P3Decision:
+    """The P3 axis's decision: the slice size and credit window both P3 runtimes run with, from
+    ``effective_step`` on, and the link figures it was derived from (NaN where nothing was measured)."""
+
+    version: int
+    effective_step: int
+    slice_elements: int
+    """Elements (parameters) per slice; a layer's last slice may be smaller."""
+    credit_bytes: int
+    """Bytes in flight at most on a link (the window no longer overtakeable)."""
+    method: str
+    """``config`` or ``rule`` (``P3_METHODS``)."""
+    bandwidth_Bps: float = float("nan")
+    """The link's measured (or EMULATED) bandwidth, bytes/s, the rule decided from; NaN for ``config``."""
+    latency_s: float = float("nan")
+    """Its one-way latency, seconds; NaN for ``config``."""
+    overhead_s: float = float("nan")
+    """Its per-message overhead, seconds; NaN for ``config``."""
+    reason: str = ""
+
+    def validate(self) -> None:
+        """Raise PlanError unless the slice size and credit are integers in [1, 2^40], the method a known
+        one, and the link figures of a ``rule`` decision finite (bandwidth > 0, latency and overhead >= 0)."""
+        if not (_integer(self.slice_elements) and _integer(self.credit_bytes)
+                and 1 <= self.slice_elements <= MAX_SLICE_ELEMENTS and 1 <= self.credit_bytes <= MAX_SLICE_ELEMENTS):
+            raise PlanError(f"P3 decision v{self.version}: slice_elements {self.slice_elements!r:.40} and credit_bytes "
+                            f"{self.credit_bytes!r:.40} must be integers in [1, 2^40]")
+        if self.method not in P3_METHODS:
+            raise PlanError(f"P3 decision v{self.version}: method {self.method!r:.40} is not one of {P3_METHODS}")
+        link = (self.bandwidth_Bps, self.latency_s, self.overhead_s)
+        if not all(_real(v, nan_ok=True) for v in link) or (
+                self.method == "rule" and not (_reals(link) and self.bandwidth_Bps > 0 and min(link) >= 0)):
+            raise PlanError(f"P3 decision v{self.version}: link figures {link!r:.120} must be numbers; a rule's "
+                            "finite, bandwidth > 0, latency and overhead >= 0")
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "effective_step": self.effective_step,
+                "slice_elements": self.slice_elements, "credit_bytes": self.credit_bytes, "method": self.method,
+                "bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s, "overhead_s": self.overhead_s,
+                "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "P3Decision":
+        """The decision ``to_dict`` wrote; PlanError if a field is missing or of the wrong type (its
+        values are checked by ``validate``)."""
+        _check_fields(d, "P3 decision", {"version": _integer, "effective_step": _integer,
+                                         "slice_elements": _integer, "credit_bytes": _integer,
+                                         "method": lambda m: isinstance(m, str),
+                                         "bandwidth_Bps": lambda v: _real(v, nan_ok=True),
+                                         "latency_s": lambda v: _real(v, nan_ok=True),
+                                         "overhead_s": lambda v: _real(v, nan_ok=True)}, {"reason": str})
+        return cls(version=int(d["version"]), effective_step=int(d["effective_step"]),
+                   slice_elements=int(d["slice_elements"]), credit_bytes=int(d["credit_bytes"]), method=d["method"],
+                   bandwidth_Bps=float(d["bandwidth_Bps"]), latency_s=float(d["latency_s"]),
+                   overhead_s=float(d["overhead_s"]), reason=d.get("reason", ""))
+
+    def __str__(self) -> str:
+        link = (f" for {self.bandwidth_Bps * 8 / 1e9:.3g} Gb/s, latency {self.latency_s * 1e6:.0f} us, overhead "
+                f"{self.overhead_s * 1e6:.0f} us" if self.method == "rule" else "")
+        return (f"P3Decision v{self.version} @step {self.effective_step}: slice {self.slice_elements:,d} elements, "
+                f"credit {self.credit_bytes:,d} bytes ({self.method}{link})")
+
+
 class Decision(Protocol):
     """What every deriver's decision record has: the scheduler stamps both fields (and nothing else)."""
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from pdml_ray.config import PDMLConfig
-from pdml_ray.decisions import GradientDecision, MicroBatchPlan, NodeDecision, SampleDecision
+from pdml_ray.decisions import GradientDecision, MicroBatchPlan, NodeDecision, P3Decision, SampleDecision
 from pdml_ray.errors import PDMLError, StateError
 
 FORMAT = "pdml-ray-state"
@@ -51,7 +51,8 @@ _JSON_SCALARS = (int, float, str, bool, type(None))
 _TAG = "$type"
 
 DECISION_TYPES: dict[str, Any] = {"NodeDecision": NodeDecision, "SampleDecision": SampleDecision,
-                                  "GradientDecision": GradientDecision, "MicroBatchPlan": MicroBatchPlan}
+                                  "GradientDecision": GradientDecision, "MicroBatchPlan": MicroBatchPlan,
+                                  "P3Decision": P3Decision}
 """The decision types a state may hold, by the name written in it: the only classes a reader builds."""
 
 _ARRAY_KINDS = "biufc"

@@ -64,10 +64,12 @@ def rule(link: LinkModel, element_size: int = 4, max_overhead_fraction: float = 
     return elements, float(credit_slices * slice_bytes), why
 
 
-def tune(link: LinkModel, profile: ModelProfile | None = None, max_overhead_fraction: float = 0.02) -> AutoChoice:
-    """Slice size and credit for ``link`` (measured bandwidth, latency, per-message overhead); with a
-    ``profile`` refined by simulating P3 over a small grid around the rule's choice."""
-    element_size = profile.element_size if profile is not None else 4
+def tune(link: LinkModel, profile: ModelProfile | None = None, max_overhead_fraction: float = 0.02,
+         element_size: int = 4) -> AutoChoice:
+    """Slice size and credit for ``link`` (measured bandwidth, latency, per-message overhead) and gradient
+    elements of ``element_size`` bytes; with a ``profile`` (whose element size then counts) refined by
+    simulating P3 over a small grid around the rule's choice."""
+    element_size = profile.element_size if profile is not None else element_size
     elements, credit, why = rule(link, element_size, max_overhead_fraction)
     if profile is None:
         return AutoChoice(elements, credit, link.bandwidth_Bps, link.latency_s, link.overhead_s, "rule", None, why)

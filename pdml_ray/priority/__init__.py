@@ -7,6 +7,7 @@
     sample.py         sample priorities: the loss table (feedback, staleness, continuity, checkpoints)
     sample_draws.py   the table's drawing half: the distribution, draws, plans with importance weights
     sample_deriver.py the scheduler's "sample" deriver around one table
+    p3.py             P3's slice size and credit window, for both P3 runtimes (config, or the rule over the measured link)
     continuity.py     the continuity check: a collapsed (too flat / too peaked) distribution, recalibration
     estimators.py     the one exponential moving average (osprey's latencies, sample scores)
     sumtree.py        the sum-tree behind O(B log N) draws and updates

@@ -2,7 +2,8 @@
 
 A deriver is enabled when its config field is not None, so a run builds only the axes it configures
 (a Ray Train run sets ``node_priority``; with ``enabled=False`` it keeps uniform shares but still
-measures; the pipeline runtime sets ``pipeline`` and may leave the node axis off). Order matters: derivers decide in
+measures; the pipeline runtime sets ``pipeline`` and may leave the node axis off; both P3 runtimes set
+``p3``). Order matters: derivers decide in
 this order at a boundary, and each sees what the ones before it decided (sample plans are sized by
 the node decision). A new axis is one entry here, one config field and one module.
 """
@@ -30,6 +31,7 @@ DERIVERS: dict[str, DeriverEntry] = {
     "sample": DeriverEntry("pdml_ray.priority.sample_deriver:SamplePriorityDeriver", "sample_priority"),
     "gradient": DeriverEntry("pdml_ray.priority.gradient:GradientPriorityDeriver", "gradient_priority"),
     "pipeline": DeriverEntry("pdml_ray.priority.pipeline:PipelineDeriver", "pipeline"),
+    "p3": DeriverEntry("pdml_ray.priority.p3:P3Deriver", "p3"),
 }
 
 

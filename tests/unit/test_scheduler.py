@@ -34,10 +34,11 @@ def test_the_config_enables_derivers_from_the_one_registry():
     assert enabled_derivers(_config(sample=True)) == ["node", "sample"]
     assert list(Scheduler(_config(sample=True), 2).derivers) == ["node", "sample"]
     # every registered deriver, in registry order, when every config field is set
-    from pdml_ray.config import GradientPriorityConfig, PDMLConfig, PipelineConfig
+    from pdml_ray.config import GradientPriorityConfig, P3Config, PDMLConfig, PipelineConfig
 
     full = PDMLConfig(**{**{f: getattr(_config(sample=True), f) for f in ("node_priority", "sample_priority")},
-                         "gradient_priority": GradientPriorityConfig(), "pipeline": PipelineConfig()})
+                         "gradient_priority": GradientPriorityConfig(), "pipeline": PipelineConfig(),
+                         "p3": P3Config()})
     assert list(Scheduler(full, 2).derivers) == list(DERIVERS)
 
 
