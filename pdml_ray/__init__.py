@@ -19,8 +19,8 @@ Layers (imports only point down; ``tests/unit/test_layering.py`` enforces it):
     pdml_ray/config/, decisions.py, batching.py, emulation.py, errors.py
 """
 
-from pdml_ray.config import (DEFAULT_ACCELERATOR_PRIOR, ContinuityConfig, NodePriorityConfig, OspreyConfig,
-                             PDMLConfig, PipelineConfig, SamplePriorityConfig)
+from pdml_ray.config import (DEFAULT_ACCELERATOR_PRIOR, ContinuityConfig, GradientPriorityConfig, NodePriorityConfig,
+                             OspreyConfig, P3Config, PDMLConfig, PipelineConfig, SamplePriorityConfig, StragglerConfig)
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.errors import (ConfigError, NonFiniteError, PDMLError, PlanError, ReportError, ResultError,
                              SchedulerUnavailableError, StateError, UsageError)
@@ -45,10 +45,12 @@ __all__ = [
     "Boundary",
     "ConfigError",
     "ContinuityConfig",
+    "GradientPriorityConfig",
     "NodeDecision",
     "NonFiniteError",
     "NodePriorityConfig",
     "OspreyConfig",
+    "P3Config",
     "PDMLConfig",
     "PDMLError",
     "PipelineConfig",
@@ -63,6 +65,7 @@ __all__ = [
     "SchedulerStats",
     "SchedulerUnavailableError",
     "StateError",
+    "StragglerConfig",
     "StepBundle",
     "UsageError",
     "WorkerReport",

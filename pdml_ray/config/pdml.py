@@ -15,13 +15,14 @@ from pdml_ray.config.node import NodePriorityConfig
 from pdml_ray.config.p3 import P3Config
 from pdml_ray.config.pipeline import PipelineConfig
 from pdml_ray.config.sample import SamplePriorityConfig
+from pdml_ray.config.stragglers import StragglerConfig
 from pdml_ray.errors import ConfigError, shown
 
 
 _SECTIONS: dict[str, tuple[type, bool]] = {
     "node_priority": (NodePriorityConfig, True), "sample_priority": (SamplePriorityConfig, True),
     "gradient_priority": (GradientPriorityConfig, True), "continuity": (ContinuityConfig, False),
-    "pipeline": (PipelineConfig, True), "p3": (P3Config, True)}
+    "pipeline": (PipelineConfig, True), "p3": (P3Config, True), "stragglers": (StragglerConfig, True)}
 """Each section field: its config class and whether None is allowed."""
 
 
@@ -43,6 +44,13 @@ class PDMLConfig:
     """None (the default) builds no pipeline axis. Set it for the pipeline runtime
     (``pdml_ray.runtime.pipeline``): the scheduler's ``pipeline`` deriver plans every step's micro-batches
     with the schedule it names (static, osprey or auto; osprey knobs, memory limit)."""
+    stragglers: StragglerConfig | None = None
+    """None (the default): no straggler-tolerant runtime. Set it for that runtime
+    (``pdml_ray.runtime.StragglerRuntime.from_config``): the policy and its n and s, learning rate, step
+    timeout, emulated compute. Its ``topk`` and ``async`` policies take their rule (K, priorities,
+    ``max_wait``) from the ``gradient`` axis (``gradient_priority``), decided every ``decision_interval``
+    steps by the run's scheduler; the run's scheduler config carries this section, so ``pdml-ray status``
+    shows the policy."""
     p3: P3Config | None = None
     """None (the default): gradients go through DDP's hook. Set it for P3 ordering: per-slice all-reduces in
     priority order with per-layer optimizer steps (``pdml_ray.train.p3_sync``), and the simulator's settings."""

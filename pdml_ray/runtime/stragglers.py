@@ -54,7 +54,7 @@ from torch import Tensor, nn
 from pdml_ray.actors.gradient_worker import DEFAULT_GRADIENT_WORKER_NUM_CPUS, launch_gradient_worker
 from pdml_ray.actors.scheduler import create_scheduler, end_scheduler
 from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
-from pdml_ray.config.stragglers import StragglerConfig
+from pdml_ray.config import PDMLConfig, StragglerConfig
 from pdml_ray.decisions import WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, UsageError
 from pdml_ray.metrics import PriorityGauges, export_or_warn
@@ -114,7 +114,8 @@ class StragglerRuntime:
                  per_sample_s: float = 0.0, step_timeout_s: float = 30.0,
                  num_cpus_per_worker: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS, scheduler: Any = None,
                  pool: WorkerPool | None = None, metrics_name: str | None = "pdml-stragglers",
-                 in_process_scheduler: bool = False) -> None:
+                 in_process_scheduler: bool = False, decision_interval: int = 5,
+                 config: StragglerConfig | None = None) -> None:
         if not ray.is_initialized():
             raise UsageError("StragglerRuntime needs a running Ray cluster: call ray.init() first")
         if not (step_timeout_s > 0 and lr > 0):
@@ -130,13 +131,14 @@ class StragglerRuntime:
         """The run's scheduler actor (``pdml-ray status --name``) deriving the policy's gradient rule, if any."""
         if policy.gradient_priority is not None and not in_process_scheduler:
             self.scheduler_name = f"pdml-stragglers-{uuid.uuid4().hex[:8]}"
-            config = dataclasses.replace(feed_config(policy.gradient_priority, policy.seed,
-                                                     getattr(policy, "fixed_weights", None)),
-                                         scheduler_name=self.scheduler_name)
-            self._scheduler_actor = create_scheduler(config, policy.num_workers)
-            self.feed = GradientFeed.for_policy(policy, transport=RaySchedulerTransport(self.scheduler_name, config.namespace))
+            run_config = dataclasses.replace(
+                feed_config(policy.gradient_priority, policy.seed, getattr(policy, "fixed_weights", None),
+                            decision_interval), scheduler_name=self.scheduler_name, stragglers=config)
+            self._scheduler_actor = create_scheduler(run_config, policy.num_workers)
+            self.feed = GradientFeed.for_policy(policy, interval=decision_interval,
+                                                transport=RaySchedulerTransport(self.scheduler_name, run_config.namespace))
         else:
-            self.feed = GradientFeed.for_policy(policy)
+            self.feed = GradientFeed.for_policy(policy, interval=decision_interval)
         self.pool = pool if pool is not None else WorkerPool(num_cpus_per_worker)
         emulated = [what for what, on in (("compute", per_sample_s > 0),
                                           ("stragglers", not isinstance(self.straggler_model, NoStragglers))) if on]
@@ -151,12 +153,23 @@ class StragglerRuntime:
                 timeout=120)  # fail fast if one cannot start
 
     @classmethod
-    def from_config(cls, config: StragglerConfig, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, *,
-                    l2: float = 0.0, straggler_model: StragglerModel | None = None, **kwargs: Any) -> StragglerRuntime:
-        """The runtime a ``StragglerConfig`` describes (policy by name, lr, timeout, emulated compute)."""
-        policy = make_policy(config.policy, workers=config.workers, stragglers=config.stragglers, seed=config.code_seed)
+    def from_config(cls, config: StragglerConfig | PDMLConfig, model: nn.Module, loss_fn: LossFn, x: Tensor,
+                    y: Tensor, *, l2: float = 0.0, straggler_model: StragglerModel | None = None,
+                    **kwargs: Any) -> StragglerRuntime:
+        """The runtime a config describes: a ``StragglerConfig`` (policy by name, lr, timeout, emulated
+        compute), or a ``PDMLConfig`` with its ``stragglers`` section, whose ``gradient_priority`` and
+        ``decision_interval`` the ``topk`` and ``async`` policies' rule then follows."""
+        gradient_priority, interval = None, 5
+        if isinstance(config, PDMLConfig):
+            if config.stragglers is None:
+                raise ConfigError("this PDMLConfig has no stragglers section: set PDMLConfig(stragglers="
+                                  "StragglerConfig(policy=..., workers=..., stragglers=...))")
+            gradient_priority, interval, config = config.gradient_priority, config.decision_interval, config.stragglers
+        policy = make_policy(config.policy, workers=config.workers, stragglers=config.stragglers, seed=config.code_seed,
+                             gradient_priority=gradient_priority)
         return cls(policy, model, loss_fn, x, y, lr=config.lr, l2=l2, straggler_model=straggler_model,
-                   per_sample_s=config.per_sample_ms / 1e3, step_timeout_s=config.step_timeout_s, **kwargs)
+                   per_sample_s=config.per_sample_ms / 1e3, step_timeout_s=config.step_timeout_s,
+                   decision_interval=interval, config=config, **kwargs)
 
     def shutdown(self) -> None:
         """Stop this runtime's workers: kill them if it launched its pool, else cut their steps short and

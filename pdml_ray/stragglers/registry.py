@@ -8,11 +8,13 @@ without an import cycle.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import TYPE_CHECKING
 
 from pdml_ray.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pdml_ray.config.gradient import GradientPriorityConfig
     from pdml_ray.stragglers.policy import StragglerPolicy
 
 POLICIES: dict[str, str] = {
@@ -28,10 +30,14 @@ POLICIES: dict[str, str] = {
 }
 
 
-def make_policy(name: str, *, workers: int, stragglers: int, seed: int = 0) -> StragglerPolicy:
-    """Build policy ``name`` for n = ``workers`` and s = ``stragglers`` (b backup workers for ``backup``).
+def make_policy(name: str, *, workers: int, stragglers: int, seed: int = 0,
+                gradient_priority: GradientPriorityConfig | None = None) -> StragglerPolicy:
+    """Build policy ``name`` for n = ``workers`` and s = ``stragglers`` (b backup workers for ``backup``),
+    with ``gradient_priority`` for the policies that take their rule from the gradient axis (``topk``,
+    ``async``; None: its defaults).
 
-    Invalid codes (FR without (s + 1) | n, s >= n, s < 0) raise ConfigError.
+    Invalid codes (FR without (s + 1) | n, s >= n, s < 0) raise ConfigError, and so does a
+    ``gradient_priority`` given to a policy that uses none (it would be computed and dropped).
     """
     if name not in POLICIES:
         raise ConfigError(f"unknown straggler policy {name!r}; valid names: {sorted(POLICIES)}")
@@ -42,5 +48,13 @@ def make_policy(name: str, *, workers: int, stragglers: int, seed: int = 0) -> S
                           f"got {stragglers!r}")
     module_name, cls_name = POLICIES[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    policy: StragglerPolicy = cls(workers, stragglers, seed)
+    if gradient_priority is None:
+        policy: StragglerPolicy = cls(workers, stragglers, seed)
+        return policy
+    if "gradient_priority" not in inspect.signature(cls).parameters:
+        takes = sorted(n for n, target in POLICIES.items() if "gradient_priority" in inspect.signature(
+            getattr(importlib.import_module(target.split(":")[0]), target.split(":")[1])).parameters)
+        raise ConfigError(f"straggler policy {name} uses no gradient priorities; gradient_priority acts in {takes}: "
+                          "pick one of those or leave gradient_priority unset")
+    policy = cls(workers, stragglers, seed, gradient_priority=gradient_priority)
     return policy

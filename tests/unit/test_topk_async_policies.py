@@ -9,6 +9,7 @@ import torch
 
 from pdml_ray.config import GradientPriorityConfig
 from pdml_ray.decisions import GradientDecision, WorkerReport
+from pdml_ray.errors import ConfigError
 from pdml_ray.stragglers.delays import FixedSlowdown, ShiftedExponential
 from pdml_ray.stragglers.gradient_feed import GradientFeed
 from pdml_ray.stragglers.policies.async_updates import AsyncPolicy
@@ -168,3 +169,24 @@ def test_feed_derives_from_reports_and_pins_fixed_weights():
     assert feed.decision is not None and feed.decision.weights == (1.0, 0.0, 0.0)
     assert list(np.argsort(p.priorities)) == [0, 1, 2, 3]  # grad term only: priority follows the norm
     assert feed.stats()["high_low_grad_norm_ratio"] > 1.5
+
+
+def test_a_pdml_config_carries_the_straggler_run_with_its_gradient_rule_and_interval():
+    from pdml_ray.config import GradientPriorityConfig, PDMLConfig, StragglerConfig
+    from pdml_ray.stragglers.gradient_feed import GradientFeed
+    from pdml_ray.stragglers.registry import make_policy
+
+    config = PDMLConfig.from_dict({"decision_interval": 3, "gradient_priority": {"max_wait": 7},
+                                   "stragglers": {"policy": "topk", "workers": 4, "stragglers": 1}})
+    assert config.stragglers == StragglerConfig(policy="topk", workers=4, stragglers=1)
+    assert config.node_priority is None and config.pipeline is None  # only the axes it configures
+    policy = make_policy("topk", workers=4, stragglers=1, gradient_priority=config.gradient_priority)
+    assert policy.gradient_priority.max_wait == 7
+    feed = GradientFeed.for_policy(policy, interval=config.decision_interval)
+    assert feed is not None and feed.interval == 3 and feed.pdml_config.decision_interval == 3
+    assert list(feed.scheduler.derivers) == ["gradient"]
+    # a policy that uses no gradient priority is refused one, naming where it acts
+    with pytest.raises(ConfigError, match=r"gc-fr uses no gradient priorities.*\['async', 'topk'\]"):
+        make_policy("gc-fr", workers=4, stragglers=1, gradient_priority=GradientPriorityConfig())
+    with pytest.raises(ConfigError, match="stragglers must be a StragglerConfig or None"):
+        PDMLConfig(stragglers={"policy": "topk"})
