@@ -1,4 +1,7 @@
-"""Sample priorities' config: loss-based importance sampling over the whole data set."""
+"""Sample priorities' config: which samples a step trains on (and backpropagates), from per-sample losses.
+
+The modes (``mode``; ``pdml_ray.priority.sample_modes`` holds one entry per mode) share one score
+table and one sampler; see docs/guides/sample_priorities.md for which of them are biased."""
 
 from __future__ import annotations
 
@@ -8,10 +11,20 @@ from typing import Literal
 from pdml_ray.config.checks import MAX_STEPS, check_range, require
 from pdml_ray.errors import shown
 
+SampleMode = Literal["importance", "annealed", "selective-backprop", "rho-loss"]
+SAMPLE_MODES: tuple[str, ...] = ("importance", "annealed", "selective-backprop", "rho-loss")
+
 @dataclass(kw_only=True, slots=True)
 class SamplePriorityConfig:
     """Sample priorities: loss-based importance sampling over the whole data set."""
 
+    mode: SampleMode = "importance"
+    """'importance': draw by score, importance weights with beta annealed linearly (unbiased at the end);
+    'annealed': the same draws, beta held near its start for most of the anneal and rising late (a
+    documented bias towards high-loss samples for longer); 'selective-backprop': uniform draws, every
+    drawn sample forwarded, only the ``backprop_share`` with the highest loss percentile backpropagated
+    (biased); 'rho-loss': draw by reducible loss, the loss minus an irreducible-loss model's loss on
+    the sample (``SamplePrioritizer.set_irreducible_losses``; biased towards learnable samples)."""
     score: Literal["loss", "loss_ema"] = "loss"
     """Per-sample score: the last loss, or an EMA of the losses seen for that sample."""
     score_ema: float = 0.5
@@ -39,7 +52,26 @@ class SamplePriorityConfig:
     epoch visits every sample before exploiting), or the mean seen score (exploits high-loss samples
     as soon as they are found; the uniform mix and the mean weight still visit the rest)."""
 
+    backprop_share: float = 1.0 / 3.0
+    """selective-backprop: share of each worker's batch backpropagated, the samples whose loss is at or
+    above the (1 - share) percentile of the worker's last ``percentile_window`` losses."""
+    percentile_window: int = 4096
+    """selective-backprop: recent per-sample losses a worker keeps to place a loss's percentile."""
+    pay_threshold: float | None = None
+    """Switch to uniform draws while priority sampling does not pay: while the predicted variance
+    reduction of the sampled loss (from the scores) divided by the measured cost factor (1 + selection
+    seconds per step / step seconds) is below this, draws are uniform with weight 1; back on above
+    ``pay_threshold * 1.1``. Each switch is counted. None (default) never switches."""
+
     def __post_init__(self) -> None:
+        require(isinstance(self.mode, str) and self.mode in SAMPLE_MODES,
+                f"sample_priority.mode must be one of {', '.join(map(repr, SAMPLE_MODES))}, got {shown(self.mode)}")
+        check_range(self.backprop_share, "sample_priority.backprop_share", 0.0, 1.0, open_low=True,
+                    hint="share of a batch backpropagated, e.g. 0.33")
+        check_range(self.percentile_window, "sample_priority.percentile_window", 1, 1 << 26, whole=True,
+                    hint="recent losses per worker")
+        check_range(self.pay_threshold, "sample_priority.pay_threshold", 0.0, 1e6, open_low=True, none_ok=True,
+                    hint="gain over cost below which draws go uniform, e.g. 1.0; None = never switch")
         require(isinstance(self.replacement, bool),
                 f"sample_priority.replacement must be true or false, got {shown(self.replacement)}")
         require(isinstance(self.unseen_score, str) and self.unseen_score in ("max", "mean"),

@@ -62,6 +62,8 @@ from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, 
                                           recalibrate_priorities)
 from pdml_ray.priority.estimators import EMA
 from pdml_ray.priority.sample_draws import SampleDraws
+from pdml_ray.priority.sample_modes import mode_rule
+from pdml_ray.priority.sample_switch import PaySwitch
 from pdml_ray.priority.sumtree import SumTree
 
 CLIP_FACTOR = 1e6
@@ -107,9 +109,26 @@ class SampleStats:
     """Steps of ``replacement=False`` plans that took more samples than the data set has (drawn with repeats)."""
     clipped_losses: int = 0
     """Per-sample losses clipped to the robust cap where they entered (``CLIP_FACTOR`` x the table's scale)."""
+    mode: str = "importance"
+    """``SamplePriorityConfig.mode``."""
+    priority_on: bool = True
+    """Whether the last plans were drawn by priority (False: uniform, switched off or selective-backprop)."""
+    switches_off: int = 0
+    """Times the pay switch turned priority draws off (``pdml_ray.priority.sample_switch``)."""
+    switches_on: int = 0
+    """Times it turned them back on."""
+    predicted_gain: float = float("nan")
+    """Last predicted variance reduction of priority draws over uniform ones (nan before a verdict)."""
+    cost_factor: float = float("nan")
+    """Last cost factor: 1 + selection seconds per step / step seconds."""
+    selection_seconds: float = 0.0
+    """Wall time the table spent in plans and updates (draws, weights, scoring) (s)."""
 
     def summary_lines(self) -> list[str]:
-        return [f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
+        return [f"sample priorities ({self.mode}): draws {'by priority' if self.priority_on else 'uniform'}, "
+                f"pay switch off {self.switches_off}x / on {self.switches_on}x (predicted gain "
+                f"{self.predicted_gain:.3g} vs cost {self.cost_factor:.3g}), selection {self.selection_seconds:.3g} s",
+                f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
                 f"epoch {self.epoch:.2f}, uniform mix {self.uniform_mix:.3g}, beta {self.beta:.3g}, "
                 f"recalibrations {self.recalibrations} (flat {self.collapsed_flat}, peaked {self.collapsed_peaked}, "
                 f"of {self.continuity_checks} checks), clipped losses {self.clipped_losses}"]
@@ -125,9 +144,20 @@ class SampleStats:
                           "robust cap where they entered", self.clipped_losses),
                GaugeValue("pdml_sample_uniform_fallbacks_total", "sample plans that fell back to uniform draws",
                           self.uniform_fallbacks),
+               GaugeValue("pdml_sample_switches_off_total", "times the pay switch turned priority draws off "
+                          "(predicted gain below its cost)", self.switches_off),
+               GaugeValue("pdml_sample_switches_on_total", "times the pay switch turned priority draws back on",
+                          self.switches_on),
+               GaugeValue("pdml_sample_priority_on_ratio", "1 while sample plans are drawn by priority, 0 while "
+                          "uniform", float(self.priority_on)),
+               GaugeValue("pdml_sample_selection_seconds_total", "seconds the sample table spent drawing, "
+                          "weighting and scoring", self.selection_seconds),
                GaugeValue("pdml_sample_seen_ratio", "fraction of the data set scored at least once (0-1)",
                           self.seen_fraction),
                GaugeValue("pdml_sample_epochs", "epochs drawn so far (samples drawn / data set size)", self.epoch)]
+        if not math.isnan(self.predicted_gain):
+            out.append(GaugeValue("pdml_sample_predicted_gain_ratio", "predicted variance reduction of priority "
+                                  "draws over uniform ones (the pay switch's gain)", self.predicted_gain))
         if not math.isnan(self.normalized_ess):
             out.append(GaugeValue("pdml_sample_normalized_ess_ratio", "normalised effective sample size of the "
                                   "sample priorities (0-1)", self.normalized_ess))
@@ -143,6 +173,11 @@ class SamplePrioritizer(SampleDraws):
             raise ConfigError(f"SamplePrioritizer needs num_samples >= 1 (the data set size), got {num_samples!r}")
         self.num_samples = n = int(num_samples)
         self.config = config if config is not None else SamplePriorityConfig()
+        self.rule = mode_rule(self.config.mode)
+        self.switch = PaySwitch(self.config.pay_threshold)
+        self.switch_rng = np.random.default_rng(seed + 5)     # the pay switch's sample (not the draws' stream)
+        # (N,) irreducible loss per sample (rho-loss; 0 where none was given): the score is loss minus it
+        self.irreducible = np.zeros(n) if self.rule.reducible else None
         self.monitor = ContinuityMonitor(continuity, seed=seed + 1, name="sample priorities") if continuity else None
         self.rng = np.random.default_rng(seed)
         self.scale_rng = np.random.default_rng(seed + 3)      # the robust scale's sample (not the draws' stream)
@@ -205,14 +240,42 @@ class SamplePrioritizer(SampleDraws):
         return np.power(scores, self.config.exponent, dtype=np.float64)
 
     # ------------------------------------------------------------------ feedback
+    def set_irreducible_losses(self, indices: np.ndarray, losses: np.ndarray) -> None:
+        """rho-loss: the irreducible-loss model's loss on samples ``indices`` (int (K,), float (K,), finite,
+        >= 0); a sample's score is then max(loss - irreducible, 0). Samples never given one count 0."""
+        if self.irreducible is None:
+            raise ConfigError(f"set_irreducible_losses needs sample_priority.mode='rho-loss', this table's mode is "
+                              f"{self.config.mode!r}")
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        il = np.asarray(losses, dtype=np.float64).ravel()
+        if idx.shape != il.shape or (idx.size and (idx.min() < 0 or idx.max() >= self.num_samples)):
+            raise ReportError(f"set_irreducible_losses: one loss per index, indices in [0, {self.num_samples}); got "
+                              f"{idx.size} indices and {il.size} losses")
+        if not (np.all(np.isfinite(il)) and (il.size == 0 or il.min() >= 0.0)):
+            raise ReportError("set_irreducible_losses: irreducible losses must be finite and >= 0 (per-sample losses "
+                              "of the irreducible-loss model)")
+        self.irreducible[idx] = il
+
+    def note_step_seconds(self, seconds: float) -> None:
+        """A training step's wall time (s), the pay switch's cost reference."""
+        self.switch.note_step_seconds(seconds)
+
     def update(self, indices: np.ndarray, losses: np.ndarray, step: int) -> ContinuityVerdict | None:
         """Record per-sample losses from ``step`` (int (B,), float (B,)). Duplicates: the last one wins.
 
         Non-finite losses are dropped; negative ones count as 0 (a score is a sampling weight); a loss
         above ``max_loss`` (its weight or the table's sums would overflow) refuses the whole update with
-        ReportError before anything is written (``feedback_problem``). Returns the continuity verdict if
-        a check ran at this step.
+        ReportError before anything is written (``feedback_problem``). Under rho-loss the score is the
+        loss minus the sample's irreducible loss. Returns the continuity verdict if a check ran at this
+        step. Its wall time counts as selection cost (the pay switch's).
         """
+        t0 = time.perf_counter()
+        try:
+            return self._ingest(indices, losses, step)
+        finally:
+            self.switch.record_selection(time.perf_counter() - t0)
+
+    def _ingest(self, indices: np.ndarray, losses: np.ndarray, step: int) -> ContinuityVerdict | None:
         idx = np.asarray(indices, dtype=np.int64).ravel()
         loss = np.asarray(losses, dtype=np.float64).ravel()
         problem = self.feedback_problem(idx, loss)
@@ -220,6 +283,8 @@ class SamplePrioritizer(SampleDraws):
             raise ReportError(f"update: {problem}")
         ok = np.isfinite(loss)
         idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
+        if self.irreducible is not None:  # rho-loss: the reducible part, never below 0
+            loss = np.maximum(loss - self.irreducible[idx], 0.0)
         if idx.size:
             cap = self.score_cap(loss)
             self.clipped += int(np.count_nonzero(loss > cap))
@@ -394,7 +459,10 @@ class SamplePrioritizer(SampleDraws):
             seen_fraction=1.0 - self.unseen_count / self.num_samples, epoch=self.samples_drawn / self.num_samples,
             uniform_fallbacks=self.uniform_fallbacks, continuity_seconds=self.check_seconds,
             recalibration_seconds=self.recalibration_seconds, continuity_update_seconds=self.squares_seconds,
-            distinct_shortfalls=self.distinct_shortfalls, clipped_losses=self.clipped)
+            distinct_shortfalls=self.distinct_shortfalls, clipped_losses=self.clipped, mode=self.config.mode,
+            priority_on=self.rule.prioritised and self.switch.on, switches_off=self.switch.switches_off,
+            switches_on=self.switch.switches_on, predicted_gain=self.switch.gain, cost_factor=self.switch.cost,
+            selection_seconds=self.switch.selection_s)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -407,7 +475,10 @@ class SamplePrioritizer(SampleDraws):
             "recalibrations": self.recalibrations, "uniform_fallbacks": self.uniform_fallbacks,
             "distinct_shortfalls": self.distinct_shortfalls, "rng": self.rng.bit_generator.state,
             "scale_rng": self.scale_rng.bit_generator.state, "clipped": self.clipped,
+            "switch": self.switch.state_dict(), "switch_rng": self.switch_rng.bit_generator.state,
         }
+        if self.irreducible is not None:
+            d["irreducible"] = self.irreducible.copy()
         if self.monitor is not None:
             d["monitor"] = {"checks": self.monitor.checks, "collapsed_flat": self.monitor.collapsed_flat,
                             "collapsed_peaked": self.monitor.collapsed_peaked,
@@ -429,6 +500,12 @@ class SamplePrioritizer(SampleDraws):
                                and scores[seen].max() <= self.max_loss):
             raise StateError(f"checkpoint's sample scores must be finite and in [0, {self.max_loss:.4g}]; this one "
                              "was written before bad losses were refused: resume without its sample table")
+        irreducible = d.get("irreducible")
+        if self.irreducible is not None and irreducible is not None:
+            irreducible = np.asarray(irreducible, dtype=np.float64)
+            if irreducible.shape != (n,) or not (np.all(np.isfinite(irreducible)) and irreducible.min() >= 0.0):
+                raise StateError(f"checkpoint's irreducible losses must be ({n},), finite and >= 0; resume from a "
+                                 "state written by SamplePrioritizer.state_dict()")
         max_score = float(d["max_score"])
         if not (math.isfinite(max_score) and 0.0 <= max_score <= self.max_loss):
             raise StateError(f"checkpoint's max_score {max_score!r} must be finite and in [0, {self.max_loss:.4g}]; "
@@ -445,6 +522,11 @@ class SamplePrioritizer(SampleDraws):
         if "scale_rng" in d:  # absent in states written before losses were clipped
             self.scale_rng.bit_generator.state = d["scale_rng"]
         self.clipped = int(d.get("clipped", 0))
+        if "switch" in d:  # absent in states written before the pay switch
+            self.switch.load_state_dict(d["switch"])
+            self.switch_rng.bit_generator.state = d["switch_rng"]
+        if self.irreducible is not None and irreducible is not None:
+            self.irreducible[:] = irreducible
         self._unseen_list = np.flatnonzero(~self.seen).astype(np.int64)
         self.unseen_count = int(self._unseen_list.size)
         self._score_sum.reset(self.scores)

@@ -54,6 +54,9 @@ class SamplePriorityDeriver(Deriver):
         """All per-sample losses of a report batch go into the table in one update."""
         if self.table is None or not reports:
             return
+        step_s = [r.step_s for r in reports if r.step_s > 0]  # NaN: not measured (fails the test)
+        if step_s:  # the pay switch's cost reference: selection seconds per step against a step
+            self.table.note_step_seconds(float(np.mean(step_s)))
         feedback = [r for r in reports if r.sample_indices is not None]
         if feedback:
             last_step = max(r.step for r in reports)

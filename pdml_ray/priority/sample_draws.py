@@ -27,12 +27,19 @@ they are drawn early: the first epoch visits (nearly) every sample before the sa
 as soon as they are found. Either way the unseen samples form one group (count U, each weighing
 M^alpha) outside the sum-tree, so a new maximum costs O(1), not O(N); a draw from the group picks
 uniformly among unseen samples by rejection from a lazily compacted list.
+
+Modes and the pay switch. The mode (``pdml_ray.priority.sample_modes``) gives beta's schedule and
+whether draws follow the scores at all; a plan is drawn uniformly, every weight 1, under
+selective-backprop and while the pay switch (``pdml_ray.priority.sample_switch``) has priority draws
+off. The switch's verdict is taken once per ``plans`` call from ``GAIN_ITEMS`` seen samples, and the
+call's wall time counts as selection cost.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -40,6 +47,8 @@ import numpy as np
 from pdml_ray.config import SamplePriorityConfig
 from pdml_ray.decisions import MAX_STEP, SamplePlan
 from pdml_ray.errors import PlanError, shown
+from pdml_ray.priority.sample_modes import ModeRule
+from pdml_ray.priority.sample_switch import GAIN_ITEMS, PaySwitch
 from pdml_ray.priority.sumtree import SumTree
 
 logger = logging.getLogger(__name__)
@@ -67,6 +76,9 @@ class SampleDraws:
     distinct_shortfalls: int
     _last_mix: float
     _last_beta: float
+    rule: ModeRule
+    switch: PaySwitch
+    switch_rng: np.random.Generator
 
     if TYPE_CHECKING:
         @property
@@ -74,6 +86,9 @@ class SampleDraws:
 
         @property
         def seen_sum(self) -> float: ...
+
+        @property
+        def scores(self) -> np.ndarray: ...
 
     # ------------------------------------------------------------------ distribution
     def _unseen_weight(self) -> float:
@@ -90,12 +105,19 @@ class SampleDraws:
         return max(self.config.uniform_mix, self.recal_mix) if step < self.recal_until else self.config.uniform_mix
 
     def beta(self, step: int) -> float:
-        """Importance-weight exponent at ``step``: linear from is_exponent_start to is_exponent_end."""
-        c = self.config
-        if c.is_anneal_steps == 0:
-            return c.is_exponent_end
-        frac = min(1.0, max(step, 0) / c.is_anneal_steps)
-        return c.is_exponent_end if frac >= 1.0 else c.is_exponent_start + (c.is_exponent_end - c.is_exponent_start) * frac
+        """Importance-weight exponent at ``step``, as the mode schedules it (``sample_modes``)."""
+        return self.rule.beta(self.config, step)
+
+    def priority_draws(self, step: int) -> bool:
+        """Whether plans from ``step`` follow the scores: the mode draws by priority and the pay switch,
+        judged now from ``GAIN_ITEMS`` seen samples, finds that it pays (module docstring)."""
+        if not self.rule.prioritised:
+            return False
+        if self.switch.threshold is None:
+            return True
+        sub = self.switch_rng.integers(0, self.num_samples, size=GAIN_ITEMS)
+        sub = sub[self.seen[sub]]
+        return self.switch.decide(self.scores[sub], self.num_samples * self.probabilities(sub, step))
 
     def _mass(self) -> tuple[float, float]:
         """(tree mass, unseen-group mass): sum of s^alpha over seen samples, U * M^alpha."""
@@ -198,19 +220,25 @@ class SampleDraws:
         if total * num_steps > _MAX_PLAN_SAMPLES:
             raise PlanError(f"plans for {num_steps} steps of {total} samples ({total * num_steps} indices) exceed "
                             f"{_MAX_PLAN_SAMPLES}; lower the decision interval or the global batch size")
-        mix = self.mix(first_step)
-        if self.config.replacement:
+        t0 = time.perf_counter()
+        prioritised = self.priority_draws(first_step)
+        mix = self.mix(first_step) if prioritised else 1.0
+        if not prioritised:  # uniform draws, every weight 1 (N p = 1 below)
+            drawn = (self.rng.integers(0, self.num_samples, size=total * num_steps) if self.config.replacement
+                     else np.concatenate([self._uniform_distinct(total) for _ in range(num_steps)]))
+            p_drawn = np.full(drawn.size, 1.0 / self.num_samples)
+        elif self.config.replacement:
             drawn = self._draw(total * num_steps, mix)
             p_drawn = self.probabilities(drawn, first_step)
         bounds = [0, *itertools.accumulate(sizes)]  # worker i gets [bounds[i], bounds[i+1])
         out = []
         for k in range(num_steps):
-            if self.config.replacement:
+            if self.config.replacement or not prioritised:
                 indices, p = drawn[k * total:(k + 1) * total], p_drawn[k * total:(k + 1) * total]
             else:
                 indices = self._draw_distinct(total, mix)
                 p = self.probabilities(indices, first_step)
-            beta = self.beta(first_step + k)
+            beta = self.beta(first_step + k) if prioritised else 0.0
             # (N p)^-beta; the floor only matters for a uniform fill of replacement=False at mix 0 (p = 0)
             weights = np.power(np.maximum(self.num_samples * p, 1e-12), -beta)
             if weights.size:
@@ -219,5 +247,13 @@ class SampleDraws:
             out.append(SamplePlan(step=first_step + k, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
                                   weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:]))))
         self.samples_drawn += total * num_steps
-        self._last_mix, self._last_beta = mix, self.beta(first_step + num_steps - 1)
+        self._last_mix, self._last_beta = mix, self.beta(first_step + num_steps - 1) if prioritised else 0.0
+        self.switch.record_selection(time.perf_counter() - t0, num_steps)
         return out
+
+    def _uniform_distinct(self, count: int) -> np.ndarray:
+        """``count`` samples uniformly, distinct where the data set has enough (else every sample
+        ``count // N`` times plus distinct ones, as ``_draw_distinct`` does)."""
+        n = self.num_samples
+        whole = [self.rng.permutation(n) for _ in range(count // n)]
+        return np.concatenate(whole + [self.rng.choice(n, size=count % n, replace=False)]).astype(np.int64)

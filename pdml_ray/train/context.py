@@ -35,6 +35,7 @@ from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, StateError, UsageError
+from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.state_format import check_decision, check_scheduler_decisions, read_state, write_state
 from pdml_ray.train.result_metrics import pdml_metrics
 from pdml_ray.train.step import NonFiniteCounts, StepBatch, StepScope, _Untimed
@@ -98,6 +99,9 @@ class PDMLContext:
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
         self._combiner: GradientCombiner | None = None
+        sp = config.sample_priority  # selective-backprop: the worker's own loss percentile (train/step.py)
+        self.backprop_selector = (BackpropSelector(sp.backprop_share, sp.percentile_window)
+                                  if sp is not None and sp.mode == "selective-backprop" else None)
         self._timer = make_timer(device)  # compute time per step (CUDA events on a GPU: a step late)
         self._untimed: dict[int, _Untimed] = {}  # finished steps whose compute time is not known yet
         self._open_scope: StepScope | None = None  # the step block being run (DDP's hook ends its compute)

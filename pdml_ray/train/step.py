@@ -48,6 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from pdml_ray.emulation import emulate_speed, sleep_compute
 from pdml_ray.errors import NonFiniteError, UsageError
 from pdml_ray.config import PDMLConfig
+from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.train.timing import StepTimer
 from pdml_ray.train.wrappers import GradientCombiner, nonfinite_flags
 
@@ -179,6 +180,7 @@ class StepHost(Protocol):
     _timer: StepTimer
     _step_overhead: float
     _open_scope: "StepScope | None"
+    backprop_selector: BackpropSelector | None
 
     def _finish_step(self, batch: StepBatch, wait_s: float, per_sample: torch.Tensor | None, launch_s: float,
                      sleep_s: float) -> None: ...
@@ -270,10 +272,19 @@ class StepScope:
         return self._per_sample_loss(loss)
 
     def _per_sample_loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
-        """Importance-weighted sum of per-sample losses (b_i,), as a mean (``_weighted``)."""
+        """Importance-weighted sum of per-sample losses (b_i,), as a mean (``_weighted``). Under
+        selective-backprop only the chosen high-loss share counts: the mean over it (every sample
+        forwarded is still reported and scored)."""
         b = len(self.batch.indices)
         self._per_sample = per_sample_loss.detach()
         w = self.batch.sample_weights
+        selector = self.ctx.backprop_selector
+        if selector is not None and b:
+            chosen = torch.as_tensor(selector.select(self._per_sample.float().cpu().numpy()),
+                                     device=per_sample_loss.device)  # (b_i,) bool
+            # the chosen mean as a mean over b_i (``_weighted`` divides by b_i): scale by b_i / chosen
+            scale = b / max(int(chosen.sum()), 1)
+            per_sample_loss = torch.where(chosen, per_sample_loss * scale, torch.zeros_like(per_sample_loss))
         # float(): half-precision losses meet float32 weights as the product used to promote them
         total = (per_sample_loss.sum() if w is None
                  else per_sample_loss.float() @ torch.as_tensor(w, device=per_sample_loss.device))

@@ -36,6 +36,7 @@ class _Rank:
         self.config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=4),
                                  sample_priority=SamplePriorityConfig() if sample_priority else None)
         self.rank, self.world_size, self.device, self._combiner, self._params = 0, world_size, torch.device("cpu"), None, []
+        self.backprop_selector = None
 
 
 def _token_losses(seed: int = 0):
@@ -127,3 +128,20 @@ def test_a_step_without_step_loss_is_refused_where_a_loss_per_sample_is_required
             model(torch.ones(3, 2)).mean().backward()
     with ctx.step(batch) as step:  # through step.loss: accepted
         step.loss(model(torch.ones(3, 2)).squeeze(1)).backward()
+
+
+def test_selective_backprop_trains_the_high_loss_share_and_reports_every_sample():
+    from pdml_ray.config import SamplePriorityConfig
+
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8),
+                        sample_priority=SamplePriorityConfig(mode="selective-backprop", backprop_share=0.25,
+                                                             percentile_window=8))
+    ctx = PDMLContext(config, 0, 1, torch.device("cpu"), "CPU", None)
+    losses = torch.tensor([0.1, 0.2, 5.0, 0.3, 0.4, 4.0, 0.5, 0.6], requires_grad=True)
+    scope = StepScope(ctx, StepBatch(step=0, epoch=0, indices=np.arange(8), grad_weight=1.0, decision_version=0))
+    loss = scope.loss(losses)
+    assert loss.item() == pytest.approx((5.0 + 4.0) / 2)  # the mean over the chosen quarter
+    loss.backward()
+    np.testing.assert_allclose(losses.grad.numpy(), [0, 0, 0.5, 0, 0, 0.5, 0, 0])
+    assert ctx.backprop_selector.trained == 2 and ctx.backprop_selector.forward_only == 6
+    assert scope._per_sample.numel() == 8  # every forwarded sample is reported and scored

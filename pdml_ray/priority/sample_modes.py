@@ -1,0 +1,90 @@
+"""The sample-priority modes (``SamplePriorityConfig.mode``): one registry of what each does to the
+one score table and the one sampler.
+
+A mode decides three things, nothing else:
+
+- ``prioritised``: whether the draws follow the scores (else they are uniform, every weight 1);
+- ``reducible``: whether a sample's score is its loss minus its irreducible loss (RHO-LOSS), or the loss;
+- ``beta``: the importance-weight exponent at a step (the bias correction), from the config's
+  ``is_exponent_start``, ``is_exponent_end`` and ``is_anneal_steps``.
+
+| mode | draws | score | beta | bias |
+| --- | --- | --- | --- | --- |
+| importance | by score | loss | linear start -> end | none once beta = 1 |
+| annealed | by score | loss | start + (end - start) * f^3 (f: anneal fraction) | towards high loss, until late |
+| selective-backprop | uniform | loss | 1 (weights all 1) | the worker backpropagates its high-loss share |
+| rho-loss | by score | max(loss - irreducible, 0) | linear start -> end | towards learnable, high-loss samples |
+
+Selective-backprop's selection itself runs on the worker (``pdml_ray.priority.selective_backprop``),
+where the losses are; the table still scores every drawn sample (for the switch and ``pdml-ray status``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pdml_ray.config import SamplePriorityConfig
+from pdml_ray.config.sample import SAMPLE_MODES
+from pdml_ray.errors import ConfigError
+
+
+def _fraction(config: SamplePriorityConfig, step: int) -> float:
+    """How far the anneal is at ``step`` (0 to 1; 1 at once when is_anneal_steps is 0)."""
+    if config.is_anneal_steps == 0:
+        return 1.0
+    return min(1.0, max(step, 0) / config.is_anneal_steps)
+
+
+def linear_beta(config: SamplePriorityConfig, step: int) -> float:
+    """beta rising linearly from is_exponent_start to is_exponent_end over is_anneal_steps."""
+    f = _fraction(config, step)
+    if f >= 1.0:
+        return config.is_exponent_end
+    return config.is_exponent_start + (config.is_exponent_end - config.is_exponent_start) * f
+
+
+def late_beta(config: SamplePriorityConfig, step: int) -> float:
+    """beta rising as the cube of the anneal fraction: at half the anneal it has covered 1/8 of the way,
+    so the sampler keeps most of its bias towards high-loss samples until late, then corrects it."""
+    f = _fraction(config, step)
+    if f >= 1.0:
+        return config.is_exponent_end
+    return config.is_exponent_start + (config.is_exponent_end - config.is_exponent_start) * f ** 3
+
+
+def no_correction(config: SamplePriorityConfig, step: int) -> float:
+    """Uniform draws need no correction: every weight is 1 (beta is reported as 0)."""
+    return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModeRule:
+    """What one mode does to the table and the sampler."""
+
+    prioritised: bool
+    """Draws follow the scores (False: uniform draws, every importance weight 1)."""
+    reducible: bool
+    """Scores are the loss minus the sample's irreducible loss (floored at 0)."""
+    beta: Callable[[SamplePriorityConfig, int], float]
+    """The importance-weight exponent at a step."""
+    bias: str
+    """What the mode leaves biased (the guide and the stats say it)."""
+
+
+MODES: dict[str, ModeRule] = {
+    "importance": ModeRule(True, False, linear_beta, "none once beta reaches 1 (is_exponent_end 1.0)"),
+    "annealed": ModeRule(True, False, late_beta, "towards high-loss samples until late in the anneal"),
+    "selective-backprop": ModeRule(False, False, no_correction,
+                                   "only the high-loss share of each batch is backpropagated"),
+    "rho-loss": ModeRule(True, True, linear_beta, "towards high reducible loss (learnable, not yet learnt)"),
+}
+assert tuple(MODES) == SAMPLE_MODES  # the config's check and this registry name the same modes
+
+
+def mode_rule(name: str) -> ModeRule:
+    """The rule of mode ``name``; an unknown name raises ConfigError listing the valid ones."""
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ConfigError(f"unknown sample_priority.mode {name!r}; valid: {', '.join(MODES)}") from None
