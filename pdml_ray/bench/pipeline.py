@@ -7,7 +7,13 @@ homogeneous / heterogeneous (replica speeds uniform in [0.8, 1.2], one replica a
 steps (same noise per step); the memory limit is ``stages`` activations per replica, 1F1B's own
 peak, so no schedule gets more memory than 1F1B uses. Two baselines: plain 1F1B (round-robin) and
 ``1f1b-weighted`` (1F1B with micro-batches in proportion to the replicas' measured speeds, what a
-careful engineer would configure by hand). Per seed, figures are steady-state medians over the
+careful engineer would configure by hand). Beside them every schedule torch ships, from the orders its
+own classes generate (``pdml_ray.pipeline.torch_orders``: one pipeline per replica, two-chunk schedules
+on half-cost chunks, torch's size rules applied: a schedule a cell's shape does not fit is listed in
+``not_applicable``); ``best_static`` is the fastest static order of the cell, the project's or torch's,
+and ``osprey_over_best_static`` osprey's makespan over it. ``lower_bound_s`` is the bound of osprey's
+own action set (F + B, one chunk per stage); ``lower_bound_any_s`` the least over every schedule's
+(split backward and two chunks lower it). Per seed, figures are steady-state medians over the
 second half of the steps; per cell, the median and the worst over seeds. ``warmup_steps`` is the
 first step at which osprey's makespan is within 5% of its steady state. Targets are judged on the
 per-cell median over seeds, worst cell (``basis`` in the JSON); the worst single seed is reported
@@ -27,12 +33,14 @@ from typing import Any, Sequence
 
 from pdml_ray.bench.common import ratio_key
 from pdml_ray.errors import UsageError
-from pdml_ray.pipeline.registry import SCHEDULERS
+from pdml_ray.pipeline.registry import ALL_SCHEDULES, SCHEDULERS, STATIC_SCHEDULES, TORCH_SCHEDULES
 
-DESCRIPTION = ("pipeline schedules: osprey vs GPipe / 1F1B / speed-weighted 1F1B / critical path "
-               "(simulated grid over seeds + Ray actors)")
+DESCRIPTION = ("pipeline schedules: osprey vs GPipe / 1F1B / speed-weighted 1F1B / critical path / every schedule "
+               "torch ships (simulated grid over seeds + Ray actors)")
 
-SCHEDULES = tuple(SCHEDULERS)  # every registered schedule, in registry order
+SCHEDULES = tuple(ALL_SCHEDULES)  # every registered schedule, the project's then torch's, in registry order
+STATIC = STATIC_SCHEDULES + tuple(TORCH_SCHEDULES)
+"""The static orders ``best_static`` is picked from, per cell: the project's and torch's."""
 BASELINES = ("1f1b", "1f1b-weighted")  # osprey's ratios are reported against both
 TARGETS = {"heterogeneous_osprey_over_1f1b": 0.8, "heterogeneous_osprey_over_lower_bound": 1.15,
            "homogeneous_osprey_over_1f1b": 1.03, "warmup_steps": 10, "memory_violations": 0}
@@ -68,23 +76,37 @@ def run_case(stages: int, replicas: int, microbatches: int, profile_name: str, s
     from pdml_ray.config import PipelineConfig
     from pdml_ray.pipeline.simulate import ClusterProfile, compare_in_simulation, steady_state
 
+    from pdml_ray.errors import ConfigError
+
     profile = ClusterProfile.build(stages, replicas, profile=profile_name, seed=seed, memory_limit=stages)
-    res = compare_in_simulation(profile, microbatches, SCHEDULES, steps=steps,
-                                config=PipelineConfig(memory_limit=stages), seed=seed)
+    res: dict[str, dict[str, Any]] = {}
+    not_applicable: dict[str, str] = {}
+    for name in SCHEDULES:
+        try:
+            res |= compare_in_simulation(profile, microbatches, [name], steps=steps,
+                                         config=PipelineConfig(memory_limit=stages), seed=seed)
+        except ConfigError as err:  # torch's own size rules (e.g. DualPipeV needs micro-batches >= stages)
+            if name not in TORCH_SCHEDULES:
+                raise
+            not_applicable[name] = str(err)
     steady = steady_state(res, steps // 2)
-    med, lower = steady["makespan_s"], steady["lower_bound_s"]
+    med, lower = steady["makespan_s"], steady["schedule_lower_bound_s"]["osprey"]
+    best = min((n for n in STATIC if n in med), key=lambda n: med[n])
     osprey = res["osprey"]["makespan_s"]
     warmup = next(t for t, x in enumerate(osprey) if x <= 1.05 * med["osprey"])
     return {"stages": stages, "replicas": replicas, "microbatches": microbatches, "profile": profile_name,
             "seed": seed, "makespan_s": med, "bubble_fraction": steady["bubble_fraction"], "lower_bound_s": lower,
+            "lower_bound_any_s": steady["lower_bound_s"], "not_applicable": not_applicable,
+            "best_static": {"name": best, "makespan_s": med[best]},
             **{ratio_key("osprey", b): med["osprey"] / med[b] for b in BASELINES},
+            "osprey_over_best_static": med["osprey"] / med[best],
             "osprey_over_lower_bound": med["osprey"] / lower, "warmup_steps": warmup,
             "memory_violations": {n: r["memory_violations"] for n, r in res.items()},
             "peak_activations": {n: max(r["peak_memory"].values()) for n, r in res.items()},
             "auto": {k: res["auto"]["decision"].get(k) for k in ("schedule", "reason")}}
 
 
-RATIOS = tuple(ratio_key("osprey", b) for b in BASELINES) + ("osprey_over_lower_bound",)
+RATIOS = tuple(ratio_key("osprey", b) for b in BASELINES) + ("osprey_over_best_static", "osprey_over_lower_bound")
 
 
 def summarize_cell(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -97,6 +119,13 @@ def summarize_cell(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     cell["makespan_s"] = {n: med(r["makespan_s"][n] for r in runs) for n in first["makespan_s"]}
     cell["bubble_fraction"] = {n: med(r["bubble_fraction"][n] for r in runs) for n in first["bubble_fraction"]}
     cell["lower_bound_s"] = med(r["lower_bound_s"] for r in runs)
+    cell["lower_bound_any_s"] = med(r["lower_bound_any_s"] for r in runs)
+    cell["not_applicable"] = first["not_applicable"]
+    # The best static schedule of the cell: least median makespan over seeds (each seed's own best is
+    # what osprey_over_best_static divides by).
+    best = min((n for n in STATIC if n in cell["makespan_s"]), key=lambda n: cell["makespan_s"][n])
+    cell["best_static"] = {"name": best, "makespan_s": cell["makespan_s"][best],
+                           "per_seed": [r["best_static"]["name"] for r in runs]}
     for key in RATIOS:
         values = [r[key] for r in runs]
         cell[key], cell[f"{key}_worst"], cell[f"{key}_per_seed"] = med(values), max(values), values
@@ -210,7 +239,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"ms planning in-process ({planning['actor_blocked_over_in_process']:.2f}x, target <= "
               f"{planning['target']['target']}); planning ahead costs osprey "
               f"{planning['plan_ahead_makespan_over_fresh']:.3f}x in simulated makespan")
+    from pdml_ray.pipeline.torch_orders import ADJUSTMENTS, SUPPORTED_TORCH
+
     result = {"grid": grid, "schedules": list(SCHEDULES), "baselines": list(BASELINES), "steps": steps,
+              "torch_orders": {"torch": SUPPORTED_TORCH, "adjustments": {k: v for k, v in ADJUSTMENTS.items() if v}},
               "seeds": seeds, "summary": summary, **speed, "targets": targets, "ray": ray_section, "planning": planning,
               "compute": ray_section.get("compute", "none (Ray run skipped)"),
               "devices": {"grid": "none: discrete-event simulator, no model runs",
@@ -221,6 +253,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "speeds": "heterogeneous: uniform [0.8, 1.2] per replica, one replica of the middle stage at half",
                 "noise": "noisy: lognormal sigma 0.2 per action, micro-batch cv 0.1, drift 0.05 per step",
                 "memory_limit": "stages activations per replica (1F1B's peak)",
+                "torch_schedules": "torch's generated orders, one pipeline per data-parallel replica; a two-chunk "
+                                   "schedule's chunks each cost half their rank's stage (and hold half its activation)",
                 "ray": "one EMULATED slow replica in the Ray-actor run",
                 "planning": planning.get("emulated", "planning not measured"),
                 "compute": ray_section.get("emulated", "Ray run not made")}
@@ -236,11 +270,13 @@ def _print_grid(grid: list[dict[str, Any]], steps: int, seeds: list[int], print_
 
     rows = [[c["stages"], c["replicas"], c["microbatches"], c["profile"], c["makespan_s"]["gpipe"],
              c["makespan_s"]["1f1b"], c["makespan_s"]["1f1b-weighted"], c["makespan_s"]["critical-path"],
-             c["makespan_s"]["osprey"], c["makespan_s"]["auto"], c["lower_bound_s"],
-             both(c, "osprey_over_1f1b"), both(c, "osprey_over_1f1b_weighted"), both(c, "osprey_over_lower_bound"),
-             c["warmup_steps"], c["memory_violations"]["osprey"]] for c in grid]
-    print_table(["S", "R", "M", "profile", "gpipe", "1f1b", "1f1b-w", "crit-path", "osprey", "auto", "lower_bd",
-                 "osp/1f1b (worst)", "osp/1f1b-w (worst)", "osp/LB (worst)", "warmup", "osp_mem_viol"], rows,
+             c["makespan_s"]["osprey"], c["makespan_s"]["auto"],
+             f"{c['best_static']['name']} {c['best_static']['makespan_s']:.4g}", c["lower_bound_s"],
+             both(c, "osprey_over_1f1b"), both(c, "osprey_over_1f1b_weighted"), both(c, "osprey_over_best_static"),
+             both(c, "osprey_over_lower_bound"), c["warmup_steps"], c["memory_violations"]["osprey"]] for c in grid]
+    print_table(["S", "R", "M", "profile", "gpipe", "1f1b", "1f1b-w", "crit-path", "osprey", "auto", "best static",
+                 "lower_bd", "osp/1f1b (worst)", "osp/1f1b-w (worst)", "osp/best (worst)", "osp/LB (worst)", "warmup",
+                 "osp_mem_viol"], rows,
                 title=f"SIMULATED steady-state makespan (s): median over {len(seeds)} seeds {seeds} of each seed's "
                       f"median of steps {steps // 2}..{steps - 1}; ratios: median over seeds (worst seed)")
 

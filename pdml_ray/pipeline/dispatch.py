@@ -2,7 +2,7 @@
 
 An idle replica asks ``next_action``; the caller ``start``s what it got and ``complete``s it when it
 finishes. The rule: an action may start when its producers (``plan.dependency_table``, the one
-dependency rule) are complete (and, across stages, have arrived: ``transfer_s`` after completion) and,
+dependency rule) are complete (and, across ranks, have arrived: ``transfer_s`` after completion) and,
 for a forward, when the replica holds fewer than ``plan.memory_limit`` activations. Without
 ``plan.reorder`` only the replica's next action in order is eligible; with it, the first eligible action in priority order, where an action may skip a blocked
 head only across a run of actions of its own kind: out-of-order arrivals don't idle the replica, but
@@ -49,6 +49,8 @@ class Dispatcher:
         self._in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
         self.peak_in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
         self._limit = plan.memory_limit if plan.memory_limit is not None else math.inf
+        # Rank of each stage: an output moves between ranks (transfer_s), not between chunks of one rank.
+        self._rank = plan.stage_rank if plan.stage_rank is not None else tuple(range(plan.num_stages))
         self._total = plan.num_actions
         self._completed = 0
         self._placement = dict(plan.placement)  # (stage, microbatch) -> replica; changes on drop_replica
@@ -61,7 +63,7 @@ class Dispatcher:
             t = self._done_at.get((stage, kind, m))
             if t is None:
                 return False
-            if stage != action.stage and t + self.transfer_s > now:
+            if self._rank[stage] != self._rank[action.stage] and t + self.transfer_s > now:
                 return False
         return True
 

@@ -1,7 +1,7 @@
 """The one registry of pipeline schedules: name -> "module:Class", imported on first use.
 
 Schedule names are written here and nowhere else: configs, the CLI and the benchmarks read them
-from ``SCHEDULERS`` and ``STATIC_SCHEDULES``. This module imports nothing at load time, so configs
+from ``SCHEDULERS``, ``TORCH_SCHEDULES`` and ``STATIC_SCHEDULES``. This module imports nothing at load time, so configs
 can validate names against it without an import cycle.
 """
 
@@ -24,6 +24,25 @@ SCHEDULERS: dict[str, str] = {
     "auto": "pdml_ray.pipeline.auto:AutoScheduler",
 }
 
+TORCH_SCHEDULES: dict[str, str] = {
+    "torch-gpipe": "pdml_ray.pipeline.torch_orders:TorchGPipe",
+    "torch-1f1b": "pdml_ray.pipeline.torch_orders:Torch1F1B",
+    "torch-interleaved-1f1b": "pdml_ray.pipeline.torch_orders:TorchInterleaved1F1B",
+    "torch-looped-bfs": "pdml_ray.pipeline.torch_orders:TorchLoopedBFS",
+    "torch-zb": "pdml_ray.pipeline.torch_orders:TorchZeroBubble",
+    "torch-interleaved-zb": "pdml_ray.pipeline.torch_orders:TorchInterleavedZeroBubble",
+    "torch-zbv": "pdml_ray.pipeline.torch_orders:TorchZBV",
+    "torch-dualpipev": "pdml_ray.pipeline.torch_orders:TorchDualPipeV",
+}
+"""Baselines from the orders torch.distributed.pipelining's schedule classes generate (torch 2.13
+pinned): static, one data-parallel pipeline per replica, some with two chunks per rank (virtual
+stages) or split backward. They run in the simulator (``pdml-ray simulate``, ``bench pipeline``),
+not on the Ray-actor runtime (which runs F + B plans without virtual stages), so a run's
+``PipelineConfig.schedule`` takes only ``SCHEDULERS``."""
+
+ALL_SCHEDULES: dict[str, str] = SCHEDULERS | TORCH_SCHEDULES
+"""Every name ``make_scheduler`` builds: the project's schedules, then torch's baselines."""
+
 MAX_STAGES = 1024
 MAX_REPLICAS = 1024
 """Most stages, and replicas per stage, a schedule is built for."""
@@ -38,14 +57,15 @@ auto's static side are chosen from these)."""
 
 def make_scheduler(name: str, *, stages: int, replicas: int | Sequence[int], microbatches: int,
                    config: Any = None) -> PipelineScheduler:
-    """Build scheduler ``name`` for ``stages`` x ``replicas`` (an int, or one count per stage).
+    """Build scheduler ``name`` (from ``ALL_SCHEDULES``) for ``stages`` x ``replicas`` (an int, or one
+    count per stage).
 
     ``config`` is a ``pdml_ray.config.PipelineConfig`` (or None for defaults). Sizes are checked here,
     where they enter: ConfigError naming the argument unless ``1 <= stages <= MAX_STAGES``, every
     replica count in ``[1, MAX_REPLICAS]``, ``microbatches >= 1`` and at most ``MAX_ACTIONS`` actions.
     """
-    if not isinstance(name, str) or name not in SCHEDULERS:
-        raise ConfigError(f"unknown pipeline schedule {name!r}; valid names: {sorted(SCHEDULERS)}")
+    if not isinstance(name, str) or name not in ALL_SCHEDULES:
+        raise ConfigError(f"unknown pipeline schedule {name!r}; valid names: {sorted(ALL_SCHEDULES)}")
     if not _count(stages, 1, MAX_STAGES):
         raise ConfigError(f"pipeline stages must be an integer in [1, {MAX_STAGES}], got {stages!r}")
     reps: tuple[int, ...]
@@ -62,7 +82,7 @@ def make_scheduler(name: str, *, stages: int, replicas: int | Sequence[int], mic
     if not _count(microbatches, 1, MAX_ACTIONS // (2 * stages)):
         raise ConfigError(f"pipeline microbatches must be an integer in [1, {MAX_ACTIONS // (2 * stages)}] for "
                           f"{stages} stages (at most {MAX_ACTIONS} actions per step), got {microbatches!r}")
-    module_name, cls_name = SCHEDULERS[name].split(":")
+    module_name, cls_name = ALL_SCHEDULES[name].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls(stages=stages, replicas=reps, microbatches=microbatches, config=config)
 

@@ -8,7 +8,7 @@ Cost of an action (seconds) on replica r of stage k at global step t:
 drawn from ``(seed, step)`` and do not depend on the replica or the schedule, so every schedule of one
 step sees the same work. Split backward costs what the full backward does: I = (1 - weight_fraction) B
 and W = weight_fraction B, with B's noise; ``drift`` is a per-replica log-normal random walk over steps. A forward's or
-backward's output reaches another stage ``transfer_s`` after it completes.
+backward's output reaches another rank ``transfer_s`` after it completes.
 
 Lower bound on a step's makespan (``lower_bound_s``), valid for any plan:
 * stage bound: stage k cannot start before the fastest forward chain reaches it (head_k: min over
@@ -25,7 +25,14 @@ Lower bound on a step's makespan (``lower_bound_s``), valid for any plan:
   W that nothing waits for, so tail_k = 0; the chain is F and I through all stages, then W at stage 0.
 * virtual stages: the bound is per rank: the earliest head and the smallest tail of its stages, around
   its stages' summed work over the fastest capacity any of them has (and each stage's integer window).
+  Transfers are counted only between ranks (chunks of one rank hand over at once).
 lower_bound_s = max(max_k bound_k, chain bound).
+
+Chunked plans: a plan of ``c`` x ``stages`` virtual stages (``Plan.stage_rank`` mapping them onto the
+profile's stages as ranks, as torch's interleaved and V schedules do) runs on a profile of ``stages``
+stages: each chunk costs 1 / c of its rank's stage (the model cut into c equal pieces per rank), at
+that rank's replica speeds, and one chunk's activation is 1 / c of the stage's, so the memory budget
+is c x ``memory_limit`` chunk activations.
 """
 
 from __future__ import annotations
@@ -132,7 +139,8 @@ class StepResult:
     """Per stage (per rank with virtual stages): 1 - busy time / (makespan x replicas)."""
     peak_memory: dict[tuple[int, int], int]
     memory_violations: int
-    """Replicas whose activation peak exceeded the profile's memory budget."""
+    """Replicas whose activation peak exceeded the profile's memory budget (c x budget in chunk
+    activations for a plan of c chunks per stage)."""
     measurements: list[Measurement] = field(repr=False)
 
     @property
@@ -171,23 +179,46 @@ class PipelineSimulator:
         split = fb[:, 1:2, :] * np.array([1.0 - p.weight_fraction, p.weight_fraction])[None, :, None]
         return np.concatenate([fb, split], axis=1)
 
+    def layout(self, num_stages: int, stage_rank: Sequence[int] | None) -> tuple[list[int], int]:
+        """The profile stage of each of a plan's ``num_stages`` stages, and the chunks per profile stage:
+        (identity, 1) for a plan of the profile's stages; (``stage_rank``, c) for a chunked plan of
+        c x stages virtual stages on the profile's stages as ranks. PlanError for any other shape."""
+        S = self.profile.stages
+        if num_stages == S:
+            return list(range(S)), 1
+        if stage_rank is not None and num_stages % S == 0 and sorted(set(stage_rank)) == list(range(S)):
+            return list(stage_rank), num_stages // S
+        raise PlanError(f"plan has {num_stages} stages, the profile {S}; build the plan for the simulated cluster's "
+                        f"stages, or as chunks of them (a multiple of {S} stages with stage_rank over {S} ranks)")
+
+    def _work_and_speeds(self, step: int, microbatches: int, owner: Sequence[int], chunks: int
+                         ) -> tuple[np.ndarray, list[list[float]]]:
+        """Work (plan stages, kinds, micro-batches; seconds at speed 1) and replica speeds per plan stage."""
+        w, speeds = self.work(step, microbatches), self._speeds(step)
+        return w[list(owner)] / chunks, [speeds[k] for k in owner]
+
     def lower_bound(self, step: int, microbatches: int, *, split_backward: bool = False,
                     stage_rank: Sequence[int] | None = None) -> float:
         """Least makespan (s) of any plan of the action set in use (F + B, or ``split_backward`` F + I + W)
-        with stages on ranks ``stage_rank`` (None: stage k on rank k); see the module docstring."""
-        p, S = self.profile, self.profile.stages
-        w, speeds = self.work(step, microbatches), self._speeds(step)
+        with stages on ranks ``stage_rank`` (None: stage k on rank k; longer than the profile's stages:
+        a chunked plan); see the module docstring."""
+        p = self.profile
+        owner, chunks = self.layout(len(stage_rank) if stage_rank is not None else p.stages, stage_rank)
+        S = len(owner)
+        w, speeds = self._work_and_speeds(step, microbatches, owner, chunks)
+        ranks = list(stage_rank) if stage_rank is not None else list(range(S))
+        # Rank changes before stage k: the transfers a micro-batch's chain makes to reach it.
+        hops = np.concatenate([[0], np.cumsum([ranks[k] != ranks[k + 1] for k in range(S - 1)])]).astype(int)
         fastest = np.array([max(s) for s in speeds])[:, None]  # (S, 1)
         back = KIND_INDEX[Kind.INPUT] if split_backward else KIND_INDEX[Kind.BACKWARD]
         f_fast, b_fast = w[:, 0, :] / fastest, w[:, back, :] / fastest  # (S, M) seconds on the fastest replica
         f_prefix = np.vstack([np.zeros(microbatches), np.cumsum(f_fast, axis=0)])  # (S+1, M)
         b_prefix = np.vstack([np.zeros(microbatches), np.cumsum(b_fast, axis=0)])
         last = w[0, KIND_INDEX[Kind.WEIGHT], :] / fastest[0] if split_backward else 0.0  # W at stage 0 ends the chain
-        chain = float((f_prefix[S] + b_prefix[S] + last).max() + 2 * (S - 1) * p.transfer_s)
-        head = [float(f_prefix[k].min()) + k * p.transfer_s for k in range(S)]
-        tail = [0.0 if split_backward else float(b_prefix[k].min()) + k * p.transfer_s for k in range(S)]
+        chain = float((f_prefix[S] + b_prefix[S] + last).max() + 2 * hops[S - 1] * p.transfer_s)
+        head = [float(f_prefix[k].min()) + hops[k] * p.transfer_s for k in range(S)]
+        tail = [0.0 if split_backward else float(b_prefix[k].min()) + hops[k] * p.transfer_s for k in range(S)]
         job = w[:, :2, :].sum(axis=1)  # (S, M): F + B = F + I + W seconds per micro-batch at speed 1
-        ranks = list(stage_rank) if stage_rank is not None else list(range(S))
         bound = chain
         for rank in set(ranks):
             ks = [k for k in range(S) if ranks[k] == rank]
@@ -200,11 +231,14 @@ class PipelineSimulator:
     def run_step(self, plan: Plan, step: int = 0) -> StepResult:
         """Run one global step of ``plan``; every idle replica asks the Dispatcher what to start."""
         p = self.profile
-        if plan.num_stages != p.stages or tuple(plan.replicas) != tuple(p.replicas):
+        owner, chunks = self.layout(plan.num_stages, plan.stage_rank)
+        if tuple(plan.replicas) != tuple(p.replicas[k] for k in owner):
             raise PlanError(f"plan is for {plan.num_stages} stages x {plan.replicas}, the profile for "
                             f"{p.stages} x {p.replicas}; build the plan for the simulated cluster's shape")
         d = Dispatcher(plan, transfer_s=p.transfer_s)
-        w, speeds, transfer = self.work(step, plan.num_microbatches).tolist(), self._speeds(step), p.transfer_s
+        work, speeds = self._work_and_speeds(step, plan.num_microbatches, owner, chunks)
+        w, transfer = work.tolist(), p.transfer_s
+        rank = plan.stage_rank if plan.stage_rank is not None else tuple(range(plan.num_stages))
         busy_until: dict[tuple[int, int], float] = {key: -1.0 for key in plan.orders}
         busy_total = {key: 0.0 for key in plan.orders}
         measurements: list[Measurement] = []
@@ -238,7 +272,7 @@ class PipelineSimulator:
                 d.complete(a, at=now)
                 for dep in d.dependants(a):
                     dkey = plan.slot(dep.stage, dep.replica)
-                    if dep.stage == a.stage or transfer == 0.0:
+                    if rank[dep.stage] == rank[a.stage] or transfer == 0.0:
                         wake.append(dkey)
                     else:
                         heapq.heappush(events, (now + transfer, seq, None, dkey))
@@ -252,7 +286,7 @@ class PipelineSimulator:
                   / (makespan * sum(1 for key in busy_total if key[0] == g))
                   for g in sorted({key[0] for key in busy_total})]
         peak = dict(d.peak_in_flight)
-        budget = p.memory_limit if p.memory_limit is not None else math.inf
+        budget = chunks * p.memory_limit if p.memory_limit is not None else math.inf
         lower = self.lower_bound(step, plan.num_microbatches, split_backward=plan.split_backward,
                                  stage_rank=plan.stage_rank)
         return StepResult(makespan_s=makespan, lower_bound_s=lower,
@@ -304,8 +338,9 @@ def compare_in_simulation(profile: ClusterProfile, microbatches: int, schedules:
 
 def steady_state(results: dict[str, dict], from_step: int) -> dict[str, Any]:
     """Medians over steps ``from_step..`` of ``compare_in_simulation`` results: per-schedule makespan
-    (s) and bubble fraction, and the lower bound (s; the same for every schedule)."""
-    first = next(iter(results.values()))
+    (s), bubble fraction and lower bound of that schedule's action set and chunks
+    (``schedule_lower_bound_s``), and ``lower_bound_s``, the least of those: a bound no schedule compared beats."""
+    bounds = {n: float(np.median(r["lower_bound_s"][from_step:])) for n, r in results.items()}
     return {"makespan_s": {n: float(np.median(r["makespan_s"][from_step:])) for n, r in results.items()},
             "bubble_fraction": {n: float(np.median(r["bubble_fraction"][from_step:])) for n, r in results.items()},
-            "lower_bound_s": float(np.median(first["lower_bound_s"][from_step:]))}
+            "schedule_lower_bound_s": bounds, "lower_bound_s": min(bounds.values())}

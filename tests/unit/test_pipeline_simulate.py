@@ -151,7 +151,9 @@ def _case(profile: str, seed: int, over_1f1b: float, over_weighted: float, over_
     names = ("1f1b", "1f1b-weighted", "osprey")
     return {"stages": 4, "replicas": replicas, "microbatches": 16, "profile": profile, "seed": seed,
             "makespan_s": {n: 1.0 for n in names}, "bubble_fraction": {n: 0.1 for n in names}, "lower_bound_s": 0.9,
+            "lower_bound_any_s": 0.8, "not_applicable": {}, "best_static": {"name": "1f1b", "makespan_s": 1.0},
             "osprey_over_1f1b": over_1f1b, "osprey_over_1f1b_weighted": over_weighted,
+            "osprey_over_best_static": over_weighted,
             "osprey_over_lower_bound": over_lb, "warmup_steps": seed, "memory_violations": {n: 0 for n in names},
             "peak_activations": {n: 4 for n in names}, "auto": {"schedule": "osprey", "reason": ""}}
 
@@ -190,6 +192,12 @@ def test_bench_pipeline_refuses_cuda_and_records_no_device(tmp_path, capsys: pyt
     assert result["machine"]["device"] == "none" and result["devices"]["ray"] == "not run"
     assert "osprey_over_1f1b_weighted" in result["grid"][0] and result["seeds"] == [0]
     assert "1f1b-weighted" in result["grid"][0]["makespan_s"]
+    # torch's schedules run beside the project's; the best static order is picked from both.
+    cell = result["grid"][0]
+    assert {"torch-1f1b", "torch-zbv"} <= set(cell["makespan_s"]) | set(cell["not_applicable"])
+    assert cell["best_static"]["makespan_s"] == min(v for n, v in cell["makespan_s"].items()
+                                                    if n not in ("osprey", "auto"))
+    assert result["torch_orders"]["adjustments"].keys() == {"Schedule1F1B", "ScheduleDualPipeV"}
 
 
 # ---- split backward (F, I, W) and virtual stages ---------------------------------------------------
