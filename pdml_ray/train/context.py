@@ -107,6 +107,7 @@ class PDMLContext:
         self._open_scope: StepScope | None = None  # the step block being run (DDP's hook ends its compute)
         self._reports: list[WorkerReport] = []
         self._plans: dict[int, SamplePlan] = {}
+        self._axis_decisions: dict[str, list[Any]] = {}  # adopted decisions of other axes (p3), in step order
         self._num_samples: int | None = None
         self._step_t0 = time.perf_counter()
         self._step_overhead = 0.0
@@ -163,6 +164,20 @@ class PDMLContext:
         """Store a named measurement with the scheduler (fire-and-forget), e.g. for a benchmark."""
         if self.client is not None:
             self.client.record_measurement(name, value)
+
+    def observe(self, axis: str, step: int, rows: list[tuple]) -> None:
+        """Rank 0: one step's telemetry for ``axis`` beyond worker reports, fire-and-forget (P3's link,
+        agreed by every rank first, for the ``p3`` axis)."""
+        if self.rank == 0 and self.client is not None:
+            self.client.observe(axis, step, rows)
+
+    def axis_decision(self, axis: str, step: int) -> Any:
+        """The newest adopted decision of ``axis`` (besides node and sample: ``p3``) in force at ``step``, or
+        None; the same on every rank (adopted at the same boundaries). Older ones are forgotten."""
+        adopted = self._axis_decisions.get(axis, [])
+        while len(adopted) > 1 and adopted[1].effective_step <= step:
+            adopted.pop(0)
+        return adopted[0] if adopted and adopted[0].effective_step <= step else None
 
     # -- steps ---------------------------------------------------------------------------------
     def epoch(self, epoch: int, num_samples: int) -> Iterator[StepBatch]:
@@ -375,6 +390,9 @@ class PDMLContext:
                 for plan in decision.plans:
                     if plan.step >= effective and tuple(len(i) for i in plan.indices) == self.decision_at(plan.step).batch_sizes:
                         self._plans[plan.step] = plan
+            else:  # another axis's (P3's slicing): kept for the runtime that acts on it (``axis_decision``)
+                check_decision(decision, self.config, self.world_size)
+                self._axis_decisions.setdefault(name, []).append(decision)
 
     def _uniform_plan(self, step: int) -> SamplePlan:
         """Fallback when no priority plan arrived in time: uniform draws, identical on every rank."""

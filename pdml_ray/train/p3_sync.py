@@ -28,6 +28,14 @@ returns only when every bucket is reduced: the end-of-backward barrier. Here
   while later layers are still being reduced. The gain: the forward of the first layers overlaps the
   reduction of the rest; the reductions P3 moves forward are those still queued when backward ends.
 
+Slice size and credit window come from the run's scheduler, its ``p3`` axis (``pdml_ray.priority.p3``),
+through the context's client like every other decision: the config's own values (published as the
+axis's first decision), or with ``P3Config.auto`` the rule of ``pdml_ray.p3.auto`` over the link this
+runtime measured in its warm-up (rank 0 sends the agreed figures with ``ctx.observe``). A new decision
+arrives with a boundary's bundle, every rank adopts it there, and at its effective step (``begin``)
+every rank flushes the pending reductions, re-slices and re-plans its order: the same step on every
+rank, never a wait on the scheduler inside a step.
+
 Baselines (``P3Config.policy``): ``fifo`` keeps backward order, one all-reduce per slice; ``layer-fifo``
 one all-reduce per layer, whole (the P3 paper's baseline); ``bucketed``
 groups the slices as DDP groups parameters (``pdml_ray.p3.queue.ddp_buckets``: reverse order, buckets
@@ -42,7 +50,9 @@ Limits: only optimizers whose step is per parameter can be split per layer (``PE
 SGD, Adam, AdamW, ...); others (LBFGS, or anything coupling parameters) are refused. Learning-rate
 schedulers on your optimizer do not reach the per-layer ones: use ``p3.set_lr``. No gradient
 accumulation over several backward calls per step; buffers (BatchNorm statistics) are broadcast from
-rank 0 once at the start, not every step. The order is planned once (after the warm-up). Compute time
+rank 0 once at the start, not every step. The order is planned from the warm-up's measurements (and
+again with them when a new slice size or credit arrives). A resumed run starts from the config's slicing
+and measures again. Compute time
 excludes the forward's waits on the CPU; on a GPU the CUDA-event span still includes them (the node
 priorities then see communication as compute).
 """
@@ -54,15 +64,15 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from pdml_ray.config.p3 import P3Config
+from pdml_ray.decisions import P3Decision
 from pdml_ray.errors import UsageError
-from pdml_ray.p3.auto import AutoChoice, tune
 from pdml_ray.p3.link import EmulatedLink, LinkModel
 from pdml_ray.p3.ps import model_layers
 from pdml_ray.p3.queue import ddp_buckets, layer_groups
@@ -80,6 +90,19 @@ per layer does exactly what one instance over the whole model does."""
 
 WARMUP_STEPS = 3
 """Steps issued in backward order while measuring (step 0 pays one-off costs, so 1 and 2 are measured)."""
+
+
+class AxisSource(Protocol):
+    """Where ``P3AllReduce`` gets the scheduler's ``p3`` decisions and sends what it measured: the Ray
+    Train context (``PDMLContext``), whose bundles every rank adopts at the same boundary."""
+
+    def axis_decision(self, axis: str, step: int) -> Any:
+        """The newest decision of ``axis`` adopted for a step <= ``step``, or None."""
+        ...
+
+    def observe(self, axis: str, step: int, rows: list[tuple]) -> None:
+        """One step's telemetry for ``axis`` to the scheduler (rank 0 sends; fire-and-forget)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +186,22 @@ class P3AllReduce(GradientCombiner):
     name = "p3"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: P3Config | None = None,
-                 world_size: int | None = None, group: Any = None, record_timeline: bool = False) -> None:
+                 world_size: int | None = None, group: Any = None, record_timeline: bool = False,
+                 axis: AxisSource | None = None) -> None:
+        """``axis``: where the ``p3`` decisions come from (``prepare`` passes the context); without one the
+        config's slice size and credit stay, and ``P3Config.auto`` is refused (it decides in the scheduler)."""
         if isinstance(model, nn.parallel.DistributedDataParallel) or is_fsdp2(model):
             raise UsageError("P3 ordering replaces DDP's and FSDP's own reduction: pass the plain module "
                              "(p3_sync.prepare(ctx, module, optimizer)), not a DDP or fully_shard model")
         self.config = config or P3Config()
+        if self.config.auto and axis is None:
+            raise UsageError("P3Config.auto is decided by the run's scheduler (its p3 axis): train through "
+                             "p3_sync.prepare(ctx, ...) in a PDMLTrainer loop, or set slice_elements and credit_bytes "
+                             "and auto=False")
+        self.axis = axis
+        self.decision: P3Decision | None = None
+        """The scheduler's ``p3`` decision this runtime runs (None: the config's, no decision adopted yet)."""
+        self.credit_bytes: float = self.config.effective_credit_bytes
         self.group = group
         distributed = dist.is_available() and dist.is_initialized()
         self.world_size = world_size if world_size is not None else (dist.get_world_size(group) if distributed else 1)
@@ -180,20 +214,9 @@ class P3AllReduce(GradientCombiner):
         self.layers = [_Layer(n, m, ps, o) for (n, m, ps), o in zip(found, optimizers)]
         self.plan: SlicePlan = plan_slices([layer.numel for layer in self.layers], self.config.slice_elements,
                                            self.config.element_size)
-        # the warm-up (and the fifo policy): backward order, last layer's slices first
-        backward = tuple(s.index for layer in reversed(range(len(self.layers))) for s in self.plan.slices_of(layer))
-        self.issue_plan = IssuePlan(backward, "fifo", "backward order (the warm-up measures; fifo keeps it)")
-        if self.config.policy == "bucketed":  # DDP's buckets, each one collective once all its slices are ready
-            buckets = tuple(tuple(s.index for s in b) for b in ddp_buckets(self.plan, self.config.bucket_bytes))
-            self.issue_plan = IssuePlan(tuple(i for b in buckets for i in b), "bucketed",
-                                        f"DDP-like buckets of ~{self.config.bucket_bytes:,d} bytes in reverse parameter "
-                                        "order, one all-reduce each", messages=buckets)
-        if self.config.policy == "layer-fifo":  # P3's paper baseline: each layer one collective, whole
-            layers = tuple(tuple(s.index for s in g) for g in layer_groups(self.plan))
-            self.issue_plan = IssuePlan(backward, "layer-fifo", "backward order, one all-reduce per layer",
-                                        messages=layers)
+        self.issue_plan = self._baseline_plan()
         self._warm_ready: list[list[float]] = []  # per warm-up step 1..: each layer's ready time
-        self.auto_choice: AutoChoice | None = None
+        self._measured: tuple[tuple[float, ...], LinkModel] | None = None  # agreed ready times and link
         bw = self.config.emulated_bandwidth_gbps
         self.link_model = LinkModel(bw * 1e9 / 8, self.config.emulated_latency_us * 1e-6) if bw else None
         self.link = EmulatedLink(self.link_model) if self.link_model else None
@@ -231,11 +254,14 @@ class P3AllReduce(GradientCombiner):
     # -- the step's lifecycle (GradientCombiner) ------------------------------------------------
     def begin(self, weight: float) -> None:
         self.weight = float(weight)
-        if self.config.policy == "p3" and 1 <= self.step < WARMUP_STEPS:
+        if 1 <= self.step < WARMUP_STEPS:
             self._warm_ready.append(list(self._ready_s))  # the warm-up step that just ended (not step 0)
         self.step += 1
-        if self.step == WARMUP_STEPS and self.config.policy == "p3":
-            self._plan_from_warmup()
+        if self.step == WARMUP_STEPS and (self.config.policy == "p3" or self.axis is not None):
+            self._measure_warmup()  # a baseline without a scheduler needs no order and reports no link
+        decision = self.axis.axis_decision("p3", self.step) if self.axis is not None else None
+        if isinstance(decision, P3Decision) and decision is not self.decision:
+            self._adopt(decision)
         self._reset_step()
 
     def compute_end(self) -> float | None:
@@ -392,11 +418,40 @@ class P3AllReduce(GradientCombiner):
         self._first_issue = None
         self._last_done = None  # the latest reduction of this step's slices applied so far
 
-    def _plan_from_warmup(self) -> None:
-        """Agree on the warm-up steps' measurements across ranks and derive the P3 order from them (see
-        the module docstring). Every rank calls this at the same point (``begin`` of step WARMUP_STEPS).
-        Ready times: per layer the least over warm-up steps 1.. (step 0 pays one-off costs; the least is
-        the one least disturbed by other processes), then the latest over ranks."""
+    def _baseline_plan(self) -> IssuePlan:
+        """The issue plan of the current slicing before the P3 order is planned (and for the baselines
+        always): backward order, last layer's slices first; DDP-like buckets; whole layers."""
+        backward = tuple(s.index for layer in reversed(range(len(self.layers))) for s in self.plan.slices_of(layer))
+        if self.config.policy == "bucketed":  # DDP's buckets, each one collective once all its slices are ready
+            buckets = tuple(tuple(s.index for s in b) for b in ddp_buckets(self.plan, self.config.bucket_bytes))
+            return IssuePlan(tuple(i for b in buckets for i in b), "bucketed",
+                             f"DDP-like buckets of ~{self.config.bucket_bytes:,d} bytes in reverse parameter "
+                             "order, one all-reduce each", messages=buckets)
+        if self.config.policy == "layer-fifo":  # P3's paper baseline: each layer one collective, whole
+            layers = tuple(tuple(s.index for s in g) for g in layer_groups(self.plan))
+            return IssuePlan(backward, "layer-fifo", "backward order, one all-reduce per layer", messages=layers)
+        return IssuePlan(backward, "fifo", "backward order (the warm-up measures; fifo keeps it)")
+
+    def _adopt(self, decision: P3Decision) -> None:
+        """The scheduler's slice size and credit, from this step on (every rank at the same step): the
+        pending reductions are applied first, then the layers are re-sliced and the order re-planned."""
+        decision.validate()
+        self.decision = decision
+        self.credit_bytes = decision.credit_bytes
+        if decision.slice_elements != self.plan.slice_elements:
+            self.finish()  # every reduction of the old slicing is applied before the new one is issued
+            self.plan = plan_slices(self.plan.layer_numels, decision.slice_elements, self.config.element_size)
+            self.issue_plan = self._baseline_plan()
+        if self._measured is not None and self.config.policy == "p3":
+            self._plan_p3()
+        log.info("step %d: P3 runs %s", self.step, decision)
+
+    def _measure_warmup(self) -> None:
+        """Agree on the warm-up steps' measurements across ranks, send the link to the scheduler's ``p3``
+        axis (rank 0), and derive the P3 order from them (see the module docstring). Every rank calls this
+        at the same point (``begin`` of step WARMUP_STEPS). Ready times: per layer the least over warm-up
+        steps 1.. (step 0 pays one-off costs; the least is the one least disturbed by other processes),
+        then the latest over ranks."""
         first_issue = self._first_issue
         self.finish()  # the last warm-up step's updates (order irrelevant): its reductions are now measured
         nbytes = self.plan.total_bytes * self.wire_factor
@@ -412,27 +467,35 @@ class P3AllReduce(GradientCombiner):
             dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=self.group)  # latest ready, lowest bandwidth
         ready = tuple(float(v) for v in measured[:-1])
         link = LinkModel(-float(measured[-1]) / self.wire_factor, self.config.emulated_latency_us * 1e-6)
-        credit: float = self.config.effective_credit_bytes
-        if self.config.auto:
-            self.auto_choice = tune(link)
-            credit = self.auto_choice.credit_bytes
-            self.plan = plan_slices(self.plan.layer_numels, self.auto_choice.slice_elements, self.config.element_size)
-        order = send_order(self.plan, "p3", ready, link, credit)
+        self._measured = (ready, link)
+        if self.axis is not None:  # per-message overhead: not measured here (0, as the link model's default)
+            self.axis.observe("p3", self.step, [(link.bandwidth_Bps, link.latency_s, link.overhead_s)])
+        if self.config.policy == "p3":
+            self._plan_p3()
+        log.info("P3 link measured in the warm-up: %s", link.describe() if self.link_model is not None else
+                 f"{link.bandwidth_Bps * 8 / 1e9:.3g} Gb/s")
+
+    def _plan_p3(self) -> None:
+        """The P3 order of the current slicing and credit over the warm-up's ready times and link."""
+        assert self._measured is not None
+        ready, link = self._measured
+        order = send_order(self.plan, "p3", ready, link, self.credit_bytes)
         self.issue_plan = IssuePlan(order, "p3", "the P3 queue over the warm-up's ready times and link (agreed by all ranks)",
                                     ready, link.bandwidth_Bps)
-        log.info("P3 issue order planned: %d slices over %d layers, link %s%s", len(order), len(self.layers),
-                 link.describe() if self.link_model is not None else f"measured {link.bandwidth_Bps * 8 / 1e9:.3g} Gb/s",
-                 f"; {self.auto_choice.describe()}" if self.auto_choice else "")
 
 
-def prepare(ctx: Any, model: nn.Module, optimizer: torch.optim.Optimizer, config: P3Config | None = None,
+def prepare(ctx: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
             record_timeline: bool = False) -> tuple[nn.Module, P3AllReduce]:
     """Train ``model`` (a plain module) under P3 ordering in a ``PDMLTrainer`` loop: ``ctx`` is
-    ``get_context()``; the config is ``config``, else ``PDMLConfig.p3``, else ``P3Config()``. Returns the
-    model (on the context's device; the module itself, no wrapper) and the ``P3AllReduce`` driving it."""
-    config = config or ctx.config.p3 or P3Config()
+    ``get_context()``, whose ``PDMLConfig.p3`` is the config (the scheduler's ``p3`` axis decides from
+    it). Returns the model (on the context's device; the module itself, no wrapper) and the
+    ``P3AllReduce`` driving it."""
+    config = ctx.config.p3
+    if config is None:
+        raise UsageError("P3 ordering takes its slice size and credit from the run's scheduler, whose p3 axis "
+                         "PDMLConfig.p3 enables: pass PDMLConfig(p3=P3Config(...)) to PDMLTrainer")
     model = model.to(ctx.device)
-    sync = P3AllReduce(model, optimizer, config, world_size=ctx.world_size, record_timeline=record_timeline)
+    sync = P3AllReduce(model, optimizer, config, world_size=ctx.world_size, record_timeline=record_timeline, axis=ctx)
     setattr(model, "pdml_combiner", sync)  # ctx.prepare_model (wrappers.combiner_for) takes the combiner a model brings
     try:
         model = ctx.prepare_model(model)

@@ -71,6 +71,10 @@ def p3_loop(config):
     def max_diff(a, b):
         return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
+    # what `pdml-ray status --json` shows of the run's p3 axis (the scheduler's stats record, rendered)
+    from pdml_ray.cli.status import render
+
+    status = json.loads(render({"p3-test": ctx.client.call("stats")}, as_json=True))
     steps = {}
     for kind, step, index, t in p3.timeline:
         steps.setdefault(step, {"forward0": None, "last_done": 0.0, "layer0_done": 0.0})
@@ -85,4 +89,7 @@ def p3_loop(config):
                    "bucketed_vs_reference": max_diff(bucketed_model, reference),
                    "p3_vs_fifo": max_diff(model, fifo_model), "sizes": sizes, "steps": steps,
                    "order": list(p3.issue_plan.order), "policy": p3.issue_plan.policy,
-                   "slice_layers": [s.layer for s in p3.plan.slices], "combiner": ctx._combiner.name}, f)
+                   "slice_layers": [s.layer for s in p3.plan.slices], "combiner": ctx._combiner.name,
+                   "status_p3": status["schedulers"]["p3-test"]["derivers"]["p3"], "decision": p3.decision.to_dict(),
+                   "slice_elements": p3.plan.slice_elements, "credit_bytes": p3.credit_bytes,
+                   "versions": dict(ctx.versions)}, f)

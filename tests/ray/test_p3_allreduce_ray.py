@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from pdml_ray.config import NodePriorityConfig, P3Config, PDMLConfig
+from pdml_ray.decisions import Boundary
 from pdml_ray.errors import UsageError
+from pdml_ray.scheduler import Scheduler
 from pdml_ray.train import PDMLTrainer
 from pdml_ray.train.p3_sync import WARMUP_STEPS, P3AllReduce, model_layers, split_optimizer
 
@@ -65,29 +67,55 @@ def test_per_layer_updates_equal_one_optimizer_over_the_model(make_opt, policy):
         assert groups[0][-1] == len(sync.plan.slices) - 1  # the last slices first, as DDP's buckets
 
 
-def test_auto_picks_slices_and_credit_from_the_emulated_link_after_the_warm_up():
+class InProcessAxis:
+    """The ``p3`` axis of an in-process scheduler, asked at every step (``PDMLContext`` asks at its boundaries
+    and hands the decisions to ``P3AllReduce`` the same way)."""
+
+    def __init__(self, config: P3Config) -> None:
+        self.scheduler = Scheduler(PDMLConfig(p3=config), 1)
+        self.decision = None
+
+    def observe(self, axis, step, rows):
+        assert self.scheduler.observe(axis, step, rows)
+
+    def axis_decision(self, axis, step):
+        since = {axis: self.decision.version} if self.decision is not None else {}
+        self.decision = self.scheduler.bundle(Boundary(step, 1, ()), since).get(axis) or self.decision
+        return self.decision
+
+
+def test_auto_takes_slices_and_credit_from_the_scheduler_after_the_warm_up_measured_the_link():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(48, 16, generator=g), torch.randint(0, 8, (48,), generator=g)
     model, reference = uneven_mlp(), uneven_mlp()
     config = P3Config(auto=True, emulated_bandwidth_gbps=100.0, emulated_latency_us=1000.0)
-    sync = P3AllReduce(model, torch.optim.SGD(model.parameters(), lr=0.1), config, world_size=1)
+    with pytest.raises(UsageError, match="scheduler"):  # auto decides in the scheduler: never without one
+        P3AllReduce(uneven_mlp(), torch.optim.SGD(model.parameters(), lr=0.1), config, world_size=1)
+    axis = InProcessAxis(config)
+    sync = P3AllReduce(model, torch.optim.SGD(model.parameters(), lr=0.1), config, world_size=1, axis=axis)
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    slicings = []
     for step in range(WARMUP_STEPS + 2):
         part = slice(step * 8, step * 8 + 8)
         sync.begin(1.0)
+        slicings.append(sync.plan.slice_elements)
         F.cross_entropy(model(x[part]), y[part]).backward()
         sync.end_backward()
         opt.zero_grad()
         F.cross_entropy(reference(x[part]), y[part]).backward()
         opt.step()
     sync.finish()
-    choice = sync.auto_choice
-    assert choice is not None and choice.method == "rule" and "slice" in choice.describe()
-    assert sync.plan.slice_elements == choice.slice_elements == 4_096  # no per-message overhead: the smallest
+    # the config's 40,000 through the warm-up, the rule's choice from the step the link was measured at
+    assert slicings == [40_000] * WARMUP_STEPS + [4_096] * 2
+    d = sync.decision
+    assert d is not None and d.method == "rule" and d.version == 1 and d.effective_step == WARMUP_STEPS
+    assert d.bandwidth_Bps == 100e9 / 8 and d.latency_s == pytest.approx(1e-3)  # the EMULATED link, measured
+    assert sync.plan.slice_elements == d.slice_elements == 4_096  # no per-message overhead: the smallest
     # 1 ms x 12.5 GB/s = 12.5 MB must be in flight: ceil((12.5 MB + 16 KB) / 16 KB) slices
-    assert choice.credit_bytes == 764 * 4_096 * 4
+    assert sync.credit_bytes == d.credit_bytes == 764 * 4_096 * 4
+    assert axis.scheduler.stats().derivers["p3"].slice_elements == 4_096
     assert sync.issue_plan.policy == "p3" and sorted(sync.issue_plan.order) == list(range(len(sync.plan.slices)))
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters()):  # re-slicing mid-run changes timing only
         assert torch.allclose(p, q, atol=1e-6)
 
 
@@ -125,6 +153,19 @@ def test_p3_and_fifo_orders_train_the_single_process_model_on_unequal_batches(ru
     assert run["fifo_vs_reference"] < 1e-5, run
     assert run["p3_vs_fifo"] < 1e-5, run
     assert run["bucketed_vs_reference"] < 1e-5, run
+
+
+def test_the_p3_axis_shows_in_status_with_the_slicing_the_runtime_ran(run):
+    ran = run["decision"]  # the scheduler's p3 decision P3AllReduce adopted: the config's, auto being off
+    assert ran["method"] == "config" and ran["version"] == 0 == run["versions"]["p3"]
+    assert ran["slice_elements"] == run["slice_elements"] == 20_000
+    assert ran["credit_bytes"] == run["credit_bytes"] == 4 * 20_000 * 4  # credit None: four slices
+    axis = run["status_p3"]  # `pdml-ray status --json`'s record of the p3 axis, fetched by rank 0 at the end
+    assert (axis["slice_elements"], axis["credit_bytes"], axis["method"], axis["auto"]) == (20_000, 320_000, "config",
+                                                                                         False)
+    # the link the warm-up measured reached the axis: the EMULATED 0.1 Gb/s (a 2-rank ring moves 1x the bytes)
+    assert axis["observations"] == 1 and axis["bandwidth_Bps"] == pytest.approx(0.1e9 / 8)
+    assert axis["emulated_bandwidth_gbps"] == 0.1
 
 
 def test_the_p3_order_puts_the_first_layer_before_the_bulk_of_the_large_one(run):
