@@ -1,8 +1,9 @@
-"""``pdml-ray bench sampling``: uniform vs loss-priority sampling on an imbalanced task, with ablations.
+"""``pdml-ray bench sampling``: uniform vs the sample-priority modes on imbalanced, noisy or balanced data.
 
 One process, no Ray: this measures the algorithm and its full overhead (sum-tree draws, importance
 weights, score-table updates, continuity checks), not a cluster. Nothing is emulated: the data set
-(a seeded, generated binary task with 1 positive in ``--imbalance``), a small torch MLP trained with
+(a seeded, generated binary task with 1 positive in ``--imbalance``, ``--label-noise`` of its training
+labels flipped; the test split is always clean), a small torch MLP trained with
 Adam on the CPU, every step of every arm, and all timings are real. The arms run interleaved step by
 step in the same process with the same initial weights, global batch and step budget, so a noisy
 shared machine slows all alike. Each arm runs at its own best learning rate from one shared grid
@@ -16,13 +17,25 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
   (``--unseen-score`` mean by default, where the library's is max, and ``--temperature`` and
   ``--uniform-mix`` where given; the JSON lists them in ``overrides_of_library_defaults``):
   importance-weight exponent beta annealed 0.4 -> 1 over 1,000 steps, loss ``sum(w l) / sum(w)``;
+- the other modes, same table and sampler: ``annealed`` (beta rising late), ``selective_backprop``
+  (uniform draws, the high-loss third of each batch backpropagated), ``rho_loss`` (draws by loss minus
+  an irreducible-loss model's loss; that model, a width-64 MLP, is trained on a holdout carved off the
+  training set, ``--holdout-fraction``, and its training and inference time is counted in the arm's
+  wall time from step 0);
+- baselines besides uniform: ``focal`` (uniform draws, focal loss with gamma 2: no change to sampling)
+  and ``label_balanced`` (below);
+- every priority arm runs with the pay switch (``--pay-threshold``, default 1.0, an override of the
+  library's None): draws go uniform while the predicted gain is below the measured cost;
 - ablations: ``priority_beta1`` (beta held at 1 from step 0: fully unbiased), ``priority_no_correction``
   (beta 0: every weight 1, the sampler's bias left in) and ``label_balanced`` (what a practitioner who
   knows the labels does: each draw picks a class uniformly, then a sample of it uniformly, i.e. the
   minority oversampled to balance, plain mean loss; it uses the labels, the others do not).
 
-Target metric: F1 of the minority (positive) class on a held-out balanced set (2,000 + 2,000),
-evaluated every ``--eval-every`` steps; evaluation time is excluded from time-to-target. Every arm is
+Target metric: F1 of the minority (positive) class on a held-out balanced set (2,000 + 2,000, clean
+labels), evaluated every ``--eval-every`` steps; evaluation time is excluded from time-to-target. The
+final accuracy on that clean split is reported per arm. The headline label-free arm
+(``best_label_free``) is the one of priority, annealed, selective_backprop and rho_loss with the
+fewest median steps to the target (ties by time); the targets that name it say so. Every arm is
 treated alike: a seed where an arm misses the target counts as the whole budget (steps, or that arm's
 training time over the budget) in its medians and ratios, so those are bounds, and the JSON says how
 many seeds each arm reached the target in. A balanced control (imbalance 1, target F1
@@ -46,6 +59,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pdml_ray.bench.common import median
+from pdml_ray.priority.selective_backprop import BackpropSelector
 
 DESCRIPTION = "uniform vs loss-priority sampling on an imbalanced task, with ablations (steps and wall time to a target F1)"
 
@@ -57,25 +71,42 @@ _HOLDOUT = 2000   # held-out samples per class
 _LARGE_N = 10_000_000
 
 ARMS: dict[str, str] = {
-    "uniform": "uniform sampling, plain mean loss (baseline)",
-    "priority": "loss priority, library defaults except the bench's overrides (overrides_of_library_defaults: "
-                "unseen_score mean by default), beta 0.4 -> 1 over 1,000 steps",
+    "uniform": "uniform sampling, plain mean loss (baseline, tuned: its own best rate of the grid)",
+    "priority": "loss priority (mode importance), library defaults except the bench's overrides "
+                "(overrides_of_library_defaults), beta 0.4 -> 1 over 1,000 steps",
+    "annealed": "mode annealed: loss priority, beta 0.4 -> 1 rising as the cube of the anneal (biased until late)",
+    "selective_backprop": "mode selective-backprop: uniform draws, each batch's losses at or above the 2/3 "
+                          "percentile of the last 4,096 backpropagated (biased)",
+    "rho_loss": "mode rho-loss: priority by loss minus an irreducible-loss model's loss (model trained on a "
+                "holdout carved off the training set; its cost counted)",
+    "focal": "uniform draws, focal loss (gamma 2): a common practitioner fix, no change to sampling",
     "priority_beta1": "(a) loss priority, importance-weight exponent beta = 1 from step 0 (fully unbiased)",
     "priority_no_correction": "(b) loss priority, no importance correction (beta = 0: every weight 1)",
     "label_balanced": "(c) label-aware: classes drawn equally often, uniform within a class (minority "
                       "oversampled to balance), plain mean loss",
 }
-ABLATIONS = ("priority_beta1", "priority_no_correction", "label_balanced")
+ABLATIONS = ("priority_beta1", "priority_no_correction")
+MODE_ARMS = ("priority", "annealed", "selective_backprop", "rho_loss")
+"""The label-free arms the headline (``best_label_free``) is chosen among."""
+BASELINES = ("focal", "label_balanced")
 # SamplePriorityConfig fields of each priority arm on top of the benchmark's own (exponent, mix, unseen)
 _PRIORITY_ARMS: dict[str, dict[str, Any]] = {
     "priority": {},
+    "annealed": {"mode": "annealed"},
+    "selective_backprop": {"mode": "selective-backprop"},
+    "rho_loss": {"mode": "rho-loss"},
     "priority_beta1": {"is_exponent_start": 1.0, "is_exponent_end": 1.0},
     "priority_no_correction": {"is_exponent_start": 0.0, "is_exponent_end": 0.0},
 }
 RATIO_DIRECTION = "uniform / arm: > 1 means the arm reaches the target in fewer steps (less time) than uniform"
-# Targets of the issue (BENCHMARKS.md): priority vs uniform, balanced control, sum-tree and continuity costs.
-_STEP_RATIO_TARGET, _TIME_RATIO_TARGET, _CONTROL_SLOWDOWN = 3.0, 2.0, 1.1
-_SUMTREE_MS_TARGET, _CONTINUITY_FRACTION_TARGET = 20.0, 1e-3
+# Targets of the issues (BENCHMARKS.md): priority vs uniform (issue 24), the best label-free arm at imbalance
+# 1000, rho-loss on noisy labels, the balanced control with the switch, sum-tree and continuity costs (issue 26).
+_STEP_RATIO_TARGET, _TIME_RATIO_TARGET, _CONTROL_SLOWDOWN = 3.0, 2.0, 1.05
+_HIGH_IMBALANCE, _HIGH_STEP_RATIO, _HIGH_TIME_RATIO = 1000, 10.0, 3.0
+_RHO_VS_LABELS = 1.2  # rho-loss steps at most this times label-aware oversampling's, on noisy labels
+_SUMTREE_MS_TARGET, _CONTINUITY_FRACTION_TARGET = 2.0, 1e-3
+_FOCAL_GAMMA = 2.0
+_IL_HIDDEN, _IL_STEPS, _IL_LR = 64, 100, 1e-2  # the irreducible-loss model: width, Adam steps and rate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +138,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample_priority.unseen_score (default mean here; the library default, max, first "
                              "visits every sample once, i.e. one epoch, before it can focus)")
     parser.add_argument("--no-ablations", action="store_true",
-                        help="run uniform and priority only (skip priority_beta1, priority_no_correction, label_balanced)")
+                        help="skip the ablations priority_beta1 and priority_no_correction")
+    parser.add_argument("--arms", type=str, default=None,
+                        help=f"comma-separated arms to run (uniform always runs; default all: {', '.join(ARMS)})")
+    parser.add_argument("--label-noise", type=float, default=0.0,
+                        help="fraction of training labels flipped at random (0-0.5; the test split stays clean)")
+    parser.add_argument("--pay-threshold", type=float, default=1.0,
+                        help="sample_priority.pay_threshold of every priority arm (default 1.0; 0 = no switch)")
+    parser.add_argument("--holdout-fraction", type=float, default=0.1,
+                        help="share of the training set carved off to train rho_loss's irreducible-loss model")
 
 
 LR_GRID = "1e-3,3e-3,1e-2,3e-2,1e-1"
@@ -132,9 +171,10 @@ def choose_rates(sweep_trials: dict[float, list[dict[str, Any]]], arm_names: Seq
     return {name: min(sweep_trials, key=lambda lr: score(lr, name)) for name in arm_names}
 
 
-def _make_task(imbalance: int, n: int, seed: int):
-    """Training set (x (n, d) float32, y (n,) float32) with n // (imbalance + 1) positives, and a
-    balanced held-out set; the cluster centres depend only on ``seed``."""
+def _make_task(imbalance: int, n: int, seed: int, label_noise: float = 0.0):
+    """Training set (x (n, d) float32, y (n,) float32) with n // (imbalance + 1) positives, a random
+    ``label_noise`` share of its labels flipped, and a balanced held-out set with clean labels; the
+    cluster centres depend only on ``seed``."""
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((_CLUSTERS, _DIM))
     centres *= _RADIUS / np.linalg.norm(centres, axis=1, keepdims=True)
@@ -146,7 +186,11 @@ def _make_task(imbalance: int, n: int, seed: int):
         return x, y
 
     n_pos = max(1, n // (imbalance + 1))
-    return draw(n - n_pos, n_pos, rng), draw(_HOLDOUT, _HOLDOUT, np.random.default_rng(seed + 10_007))
+    x, y = draw(n - n_pos, n_pos, rng)
+    if label_noise > 0:
+        flip = np.random.default_rng(seed + 20_011).random(n) < label_noise
+        y[flip] = 1.0 - y[flip]
+    return (x, y), draw(_HOLDOUT, _HOLDOUT, np.random.default_rng(seed + 10_007))
 
 
 def class_balanced_draw(rng: np.random.Generator, class_indices: Sequence[np.ndarray], count: int) -> np.ndarray:
@@ -161,7 +205,7 @@ def class_balanced_draw(rng: np.random.Generator, class_indices: Sequence[np.nda
 class _Arm:
     """One training run: model, optimiser, sampler, clocks (seconds) and the metric history."""
 
-    def __init__(self, name: str, x, y, args, seed: int, lr: float, prioritizer=None) -> None:
+    def __init__(self, name: str, x, y, args, seed: int, lr: float, prioritizer=None, selection_s: float = 0.0) -> None:
         import torch
 
         torch.manual_seed(seed)  # same initial weights in every arm
@@ -173,13 +217,19 @@ class _Arm:
         self.sp = prioritizer
         labels = y.numpy()
         self.classes = [np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)] if name == "label_balanced" else None
+        self.focal = name == "focal"
+        cfg = prioritizer.config if prioritizer is not None else None
+        self.selector = (BackpropSelector(cfg.backprop_share, cfg.percentile_window)
+                         if cfg is not None and cfg.mode == "selective-backprop" else None)
         self.plan_ahead = args.plan_ahead
         self._plans: list = []               # plans drawn for the rest of the interval
         self._feedback: list[tuple] = []     # (indices, losses) of the interval's steps so far
         self.rng = np.random.default_rng(seed + 1)
         self.batch = args.batch_size
-        self.train_s = 0.0     # everything of a step: sampling, weights, forward, backward, table updates
-        self.overhead_s = 0.0  # the priority part of train_s: plan() + update()
+        # everything of a step: sampling, weights, forward, backward, table updates; from step 0 it holds
+        # the selection work done before training (rho_loss: the irreducible-loss model, ``selection_s``)
+        self.train_s = selection_s
+        self.overhead_s = selection_s  # the selection part of train_s: plan() + update() + that work
         self.hit_step: int | None = None
         self.hit_s: float | None = None
         self.last: dict[str, float] = {}
@@ -208,14 +258,26 @@ class _Arm:
             idx, w = plan.indices[0], torch.from_numpy(plan.weights[0] / plan.weights[0].sum())
         t1 = time.perf_counter()
         ti = torch.from_numpy(idx)
-        per_sample = F.binary_cross_entropy_with_logits(self.model(self.x[ti]).squeeze(1), self.y[ti], reduction="none")
-        loss = per_sample.mean() if w is None else per_sample @ w
+        logits, target = self.model(self.x[ti]).squeeze(1), self.y[ti]
+        per_sample = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        trained = per_sample
+        if self.focal:  # (1 - p_t)^gamma down-weights the well-classified samples
+            p = torch.sigmoid(logits)
+            trained = per_sample * (1.0 - (p * target + (1.0 - p) * (1.0 - target))) ** _FOCAL_GAMMA
+        if self.selector is not None:  # the chosen high-loss share's mean; the rest were forwarded only
+            t_sel = time.perf_counter()
+            chosen = torch.from_numpy(self.selector.select(per_sample.detach().numpy()))
+            self.overhead_s += time.perf_counter() - t_sel
+            trained = torch.where(chosen, per_sample * (per_sample.numel() / max(int(chosen.sum()), 1)),
+                                  torch.zeros_like(per_sample))
+        loss = trained.mean() if w is None else trained @ w
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         t2 = time.perf_counter()
         if self.sp is not None:
             self._feedback.append((idx, per_sample.detach().numpy()))
+            self.sp.note_step_seconds(t2 - t1)  # the pay switch's cost reference: the step without selection
             self.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
         self.train_s += time.perf_counter() - t0
 
@@ -227,7 +289,9 @@ class _Arm:
         tp = float((pred * yt).sum()); fp = float((pred * (1 - yt)).sum()); fn = float(((1 - pred) * yt).sum())
         recall, precision = tp / max(tp + fn, 1.0), tp / max(tp + fp, 1.0)
         f1 = 2 * precision * recall / max(precision + recall, 1e-12)
-        self.last = {"minority_f1": f1, "minority_recall": recall, "minority_precision": precision, "step": step}
+        accuracy = float((pred == yt).float().mean())  # on the clean, balanced test split
+        self.last = {"minority_f1": f1, "minority_recall": recall, "minority_precision": precision,
+                     "accuracy": accuracy, "step": step}
         if self.hit_step is None and f1 >= target:
             self.hit_step, self.hit_s = step, self.train_s
 
@@ -252,25 +316,31 @@ class _Arm:
 
 
 def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, target: float,
-           lrs: dict[str, float], stop_when_reached: bool = False) -> dict[str, Any]:
+           lrs: dict[str, float], stop_when_reached: bool = False, label_noise: float | None = None) -> dict[str, Any]:
     """Every arm of ``lrs`` (name -> its learning rate) on one generated task, interleaved step by step;
-    ``stop_when_reached``: end once every arm has reached the target (a sweep needs no more)."""
+    ``stop_when_reached``: end once every arm has reached the target (a sweep needs no more);
+    ``label_noise``: None = ``--label-noise`` (the balanced control passes 0: clean data)."""
     import torch
 
-    from pdml_ray.config import ContinuityConfig, SamplePriorityConfig
+    from pdml_ray.config import ContinuityConfig
     from pdml_ray.priority.sample import SamplePrioritizer
 
-    (x, y), (xt, yt) = _make_task(imbalance, args.dataset_size, seed)
+    noise = args.label_noise if label_noise is None else label_noise
+    (x, y), (xt, yt) = _make_task(imbalance, args.dataset_size, seed, noise)
     x, y, xt, yt = map(torch.from_numpy, (x, y, xt, yt))
     continuity = ContinuityConfig() if args.check_interval is None else ContinuityConfig(check_interval=args.check_interval)
-    arms = []
+    arms, il_costs = [], {}
     for name, lr in lrs.items():
-        sp = None
+        sp, selection_s = None, 0.0
         if name in _PRIORITY_ARMS:
-            cfg = SamplePriorityConfig(exponent=args.temperature, uniform_mix=args.uniform_mix,
-                                       unseen_score=args.unseen_score, **_PRIORITY_ARMS[name])
-            sp = SamplePrioritizer(args.dataset_size, cfg, continuity, seed=seed)
-        arms.append(_Arm(name, x, y, args, seed, lr, sp))
+            sp = SamplePrioritizer(args.dataset_size, priority_config(args, name), continuity, seed=seed)
+        if name == "rho_loss":
+            assert sp is not None
+            il = _irreducible_losses(x, y, args.holdout_fraction, seed)
+            sp.set_irreducible_losses(np.arange(args.dataset_size), il.losses)
+            selection_s = il.train_s + il.infer_s
+            il_costs = {"train_s": il.train_s, "infer_s": il.infer_s}
+        arms.append(_Arm(name, x, y, args, seed, lr, sp, selection_s))
     for step in range(max_steps):
         for arm in arms:
             arm.step(step)
@@ -283,8 +353,38 @@ def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, tar
     for name, r in results.items():
         r["step_ratio"] = u["steps_bounded"] / r["steps_bounded"]   # uniform / arm, misses as the budget
         r["time_ratio"] = u["time_bounded_s"] / r["time_bounded_s"]
-    return {"seed": seed, "imbalance": imbalance, "max_steps": max_steps, "target_value": target,
+    if il_costs:
+        results["rho_loss"]["irreducible_model"] = il_costs
+    return {"seed": seed, "imbalance": imbalance, "label_noise": noise, "max_steps": max_steps, "target_value": target,
             "lr": dict(lrs), "arms": results}
+
+
+def priority_config(args: argparse.Namespace, name: str):
+    """The SamplePriorityConfig of priority arm ``name``: the bench's settings and the arm's own fields."""
+    from pdml_ray.config import SamplePriorityConfig
+
+    return SamplePriorityConfig(exponent=args.temperature, uniform_mix=args.uniform_mix, unseen_score=args.unseen_score,
+                                pay_threshold=args.pay_threshold or None, **_PRIORITY_ARMS[name])
+
+
+def _irreducible_losses(x, y, fraction: float, seed: int):
+    """rho_loss's irreducible-loss model: a width-64 MLP trained on a holdout carved off the training set
+    (x, y tensors), and its per-sample loss on the whole training set, with their wall seconds."""
+    import torch
+    import torch.nn.functional as F
+
+    from pdml_ray.train.irreducible import carve_holdout, fit_irreducible_losses
+
+    _, held = carve_holdout(len(x), fraction, seed + 30_013)
+    torch.manual_seed(seed + 30_013)
+    model = torch.nn.Sequential(torch.nn.Linear(_DIM, _IL_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(_IL_HIDDEN, 1))
+
+    def per_sample(out, target):
+        return F.binary_cross_entropy_with_logits(out.squeeze(1), target, reduction="none")
+
+    rows = torch.from_numpy(held)
+    return fit_irreducible_losses(model, per_sample, (x[rows], y[rows]), (x, y), steps=_IL_STEPS, lr=_IL_LR,
+                                  batch_size=128, seed=seed)
 
 
 def _arm_summary(trials: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -299,11 +399,19 @@ def _arm_summary(trials: list[dict[str, Any]], name: str) -> dict[str, Any]:
         "step_time_ms": median([r["step_time_ms"] for r in per]),
         "final_minority_f1": median([r["final"].get("minority_f1") for r in per]),
         "final_minority_recall": median([r["final"].get("minority_recall") for r in per]),
+        "final_accuracy": median([r["final"].get("accuracy") for r in per]),
     }
     for key in ("priority_overhead_fraction", "continuity_overhead_fraction", "continuity_update_fraction",
                 "continuity_check_us", "recalibration_overhead_fraction"):
         if key in per[0]:
             out[key] = median([r[key] for r in per])
+    if "priority_stats" in per[0]:  # the pay switch, over seeds: switches and the share of seeds ending on
+        out["switches_off"] = median([r["priority_stats"]["switches_off"] for r in per])
+        out["switches_on"] = median([r["priority_stats"]["switches_on"] for r in per])
+        out["priority_on_at_end"] = sum(bool(r["priority_stats"]["priority_on"]) for r in per)
+    if "irreducible_model" in per[0]:
+        out["irreducible_model_s"] = median([r["irreducible_model"]["train_s"] + r["irreducible_model"]["infer_s"]
+                                             for r in per])
     return out
 
 
@@ -325,6 +433,8 @@ def _summary(trials: list[dict[str, Any]], arm_names: Sequence[str]) -> dict[str
                 "continuity_check_us", "recalibration_overhead_fraction"):
         out[key] = p[key]
     out["arms"] = arms
+    free = [n for n in MODE_ARMS if n in arms]
+    out["best_label_free"] = min(free, key=lambda n: (arms[n]["steps_to_target"], arms[n]["time_to_target_s"]))
     return out
 
 
@@ -333,7 +443,8 @@ def library_overrides(args: argparse.Namespace) -> dict[str, Any]:
     from pdml_ray.config import SamplePriorityConfig
 
     library = SamplePriorityConfig()
-    mine = {"exponent": args.temperature, "uniform_mix": args.uniform_mix, "unseen_score": args.unseen_score}
+    mine = {"exponent": args.temperature, "uniform_mix": args.uniform_mix, "unseen_score": args.unseen_score,
+            "pay_threshold": args.pay_threshold or None}
     return {k: v for k, v in mine.items() if getattr(library, k) != v}
 
 
@@ -406,25 +517,57 @@ def _continuity_cost_at_scale(args, steps: int, reference_step_ms: float) -> dic
     }
 
 
-def _targets(summary: dict[str, Any], control: dict[str, Any], tree: dict[str, Any],
+def _targets(args: argparse.Namespace, summary: dict[str, Any], control: dict[str, Any], tree: dict[str, Any],
              at_scale: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The targets that apply to this run's data (--imbalance, --label-noise) and arms."""
     def at_least(value: float | None, target: float) -> dict[str, Any]:
         return {"value": value, "target": target, "met": value is not None and value >= target}
 
     def below(value: float | None, target: float) -> dict[str, Any]:
         return {"value": value, "target": target, "met": value is not None and value < target}
 
-    return {
+    arms, best = summary["arms"], summary["best_label_free"]
+    out = {
         "step_ratio >= 3 (uniform / priority steps to target)": at_least(summary["step_ratio"], _STEP_RATIO_TARGET),
         "time_ratio >= 2 (uniform / priority time to target)": at_least(summary["time_ratio"], _TIME_RATIO_TARGET),
-        "balanced control: priority at most 1.1x slower (time_ratio >= 1/1.1)":
-            at_least(control["time_ratio"], round(1.0 / _CONTROL_SLOWDOWN, 4)),
-        "sum-tree draw + update, B = 1024, N = 1e7: median < 20 ms": below(tree["draw_update_ms_median"], _SUMTREE_MS_TARGET),
-        "continuity cost < 0.1% of a step (library default interval)":
-            below(summary["continuity_overhead_fraction"], _CONTINUITY_FRACTION_TARGET),
-        "continuity cost at N = 1e7 < 0.1% of the reference step":
-            below(at_scale["incremental_fraction_of_step"], _CONTINUITY_FRACTION_TARGET),
     }
+    if args.imbalance >= _HIGH_IMBALANCE and args.label_noise == 0:
+        out[f"imbalance >= 1000: best label-free arm ({best}) >= 10x fewer steps than tuned uniform"] = \
+            at_least(arms[best]["step_ratio"], _HIGH_STEP_RATIO)
+        out[f"imbalance >= 1000: best label-free arm ({best}) >= 3x less wall time than tuned uniform"] = \
+            at_least(arms[best]["time_ratio"], _HIGH_TIME_RATIO)
+    if args.label_noise > 0 and "rho_loss" in arms and "priority" in arms:
+        # fewer median steps (a miss counts as the budget): rho_loss over priority > 1 beats it
+        out["noisy labels: rho_loss beats importance sampling (priority steps / rho_loss steps > 1)"] = {
+            "value": arms["priority"]["steps_to_target"] / arms["rho_loss"]["steps_to_target"], "target": 1.0,
+            "met": arms["rho_loss"]["steps_to_target"] < arms["priority"]["steps_to_target"]}
+        if "label_balanced" in arms:
+            out["noisy labels: rho_loss within 1.2x of label-aware oversampling (rho_loss / label_balanced steps)"] = \
+                below(arms["rho_loss"]["steps_to_target"] / arms["label_balanced"]["steps_to_target"], _RHO_VS_LABELS
+                      + 1e-12)
+    out["balanced control: priority with the pay switch at most 1.05x slower (time_ratio >= 1/1.05)"] = \
+        at_least(control["time_ratio"], round(1.0 / _CONTROL_SLOWDOWN, 4))
+    out["sum-tree draw + update, B = 1024, N = 1e7: median < 2 ms"] = below(tree["draw_update_ms_median"],
+                                                                           _SUMTREE_MS_TARGET)
+    out["continuity cost < 0.1% of a step (library default interval)"] = \
+        below(summary["continuity_overhead_fraction"], _CONTINUITY_FRACTION_TARGET)
+    out["continuity cost at N = 1e7 < 0.1% of the reference step"] = \
+        below(at_scale["incremental_fraction_of_step"], _CONTINUITY_FRACTION_TARGET)
+    return out
+
+
+def choose_arms(args: argparse.Namespace) -> list[str]:
+    """The arms of this run, in ``ARMS`` order: ``--arms`` (uniform and priority always run), else all
+    but the ablations under ``--no-ablations``."""
+    from pdml_ray.errors import UsageError
+
+    if args.arms is None:
+        return [n for n in ARMS if not (args.no_ablations and n in ABLATIONS)]
+    asked = {a.strip() for a in args.arms.split(",") if a.strip()}
+    unknown = asked - set(ARMS)
+    if unknown:
+        raise UsageError(f"--arms: unknown arm(s) {', '.join(sorted(unknown))}; valid: {', '.join(ARMS)}")
+    return [n for n in ARMS if n in asked | {"uniform", "priority"}]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -434,6 +577,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from pdml_ray.errors import UsageError
     from pdml_ray.config import ContinuityConfig
 
+    if not 0.0 <= args.label_noise < 0.5:
+        raise UsageError(f"--label-noise must be in [0, 0.5) (a share of labels flipped), got {args.label_noise}")
+    if not 0.0 < args.holdout_fraction < 1.0:
+        raise UsageError(f"--holdout-fraction must be in (0, 1), e.g. 0.1, got {args.holdout_fraction}")
+    if not args.pay_threshold >= 0.0:
+        raise UsageError(f"--pay-threshold must be >= 0 (0 = no switch), got {args.pay_threshold}")
     if args.device != "cpu":  # the JSON must never record a device that was not used
         raise UsageError("--device cuda is not supported here: this benchmark trains a small MLP in one process on the CPU; use --device cpu")
     torch.set_num_threads(1)  # the arms share one core; the machine may be shared
@@ -442,7 +591,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reps = args.repetitions or (3 if args.quick else 10)
     max_steps = args.max_steps or (900 if args.quick else 1500)
     check_interval = ContinuityConfig().check_interval if args.check_interval is None else args.check_interval
-    arm_names = ["uniform", "priority"] + ([] if args.no_ablations else list(ABLATIONS))
+    arm_names = choose_arms(args)
     overrides = library_overrides(args)
     grid = (args.lr,) if args.lr is not None else args.lr_grid
     sweep_seeds = [args.seed + _SWEEP_SEED_OFFSET + k for k in range(args.sweep_seeds or (1 if args.quick else 3))]
@@ -471,7 +620,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runs.append(_trial(args.imbalance, args, seed, max_steps, args.eval_every, args.target_f1, lrs))
         # Balanced data reaches the target within tens of steps: evaluate every step to resolve it.
         controls.append(_trial(1, args, seed, min(max_steps, 300), 1, args.control_target_f1,
-                               {n: lrs[n] for n in ("uniform", "priority")}))
+                               {n: lrs[n] for n in ("uniform", "priority")}, label_noise=0.0))
         a, c = runs[-1]["arms"], controls[-1]["arms"]
         stats = a["priority"]["priority_stats"]
         print(f"  seed {seed}: steps to F1>={args.target_f1}: " + ", ".join(f"{n} {a[n]['steps_to_target']}" for n in arm_names)
@@ -485,12 +634,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "step_ratio": summary["arms"][name]["step_ratio"],
                         "time_ratio": summary["arms"][name]["time_ratio"],
                         "reached": summary["arms"][name]["reached"], "seeds": reps, "what": ARMS[name]}
-                 for name in arm_names if name in ABLATIONS}
+                 for name in arm_names if name in ABLATIONS + BASELINES}
     result = {
         "benchmark": "sampling",
         "note": "one process, no Ray: the sampling algorithm and all its overhead on a real (generated) task",
         "target_metric": "minority_f1 (positive-class F1 on a balanced held-out set, threshold 0.5)",
-        "target_value": args.target_f1, "imbalance": args.imbalance, "dataset_size": args.dataset_size,
+        "target_value": args.target_f1, "imbalance": args.imbalance, "label_noise": args.label_noise,
+        "dataset_size": args.dataset_size, "pay_threshold": args.pay_threshold or None,
+        "holdout_fraction": args.holdout_fraction,
+        "label_aware_gap": (summary["arms"]["label_balanced"]["step_ratio"]
+                            / summary["arms"][summary["best_label_free"]]["step_ratio"]
+                            if "label_balanced" in summary["arms"] else None),
         "batch_size": args.batch_size, "max_steps": max_steps, "repetitions": reps,
         "lr_grid": list(grid), "lr_by_arm": lrs,
         "lr_at_grid_edge": [n for n, lr in lrs.items() if len(grid) > 1 and lr in (grid[0], grid[-1])],
@@ -517,15 +671,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "continuity_cost_at_1e7": at_scale,
         "runs": runs, "control_runs": controls,
     }
-    result["targets"] = _targets(summary, control, tree, at_scale)
+    result["targets"] = _targets(args, summary, control, tree, at_scale)
     arms = summary["arms"]
     rows = [[n, arms[n]["steps_to_target"], arms[n]["time_to_target_s"], arms[n]["step_ratio"], arms[n]["time_ratio"],
-             f"{arms[n]['reached']}/{reps}", arms[n]["final_minority_f1"], arms[n]["step_time_ms"]] for n in arm_names]
+             f"{arms[n]['reached']}/{reps}", arms[n]["final_minority_f1"], arms[n]["final_accuracy"],
+             arms[n]["step_time_ms"]] for n in arm_names]
     rows.append(["control: priority", control["steps_to_target_priority"], control["time_to_target_priority_s"],
-                 control["step_ratio"], control["time_ratio"], f"{control['reached_priority']}/{reps}", "", ""])
+                 control["step_ratio"], control["time_ratio"], f"{control['reached_priority']}/{reps}", "", "", ""])
     print_table(["arm (median over seeds)", "steps", "time (s)", "step ratio", "time ratio", "reached", "final F1",
-                 "step (ms)"], rows,
-                title=f"imbalance {args.imbalance}, N={args.dataset_size}, batch {args.batch_size}, {reps} seed(s), "
+                 "final acc", "step (ms)"], rows,
+                title=f"imbalance {args.imbalance}, label noise {args.label_noise:g}, N={args.dataset_size}, batch {args.batch_size}, {reps} seed(s), "
                       f"lr per arm {', '.join(f'{n} {lr:g}' for n, lr in lrs.items())}, "
                       f"budget {max_steps} steps; ratios {RATIO_DIRECTION}; a miss counts as the budget")
     print(f"priority overhead {summary['priority_overhead_fraction']:.1%} of a priority step; continuity "
@@ -537,6 +692,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"(a full pass would be {at_scale['full_pass_us'] / 1e3:.1f} ms per check = "
           f"{at_scale['full_pass_fraction_of_step']:.1%}); sum-tree draw+update B={tree['batch']}: "
           f"{tree['draw_update_ms_median']:.2f} ms median")
+    print(f"best label-free arm: {summary['best_label_free']}"
+          + (f"; label-aware oversampling is {result['label_aware_gap']:.3g}x its step ratio (it uses the labels)"
+             if result["label_aware_gap"] is not None else ""))
     for name, t in result["targets"].items():
         value = "n/a" if t["value"] is None else f"{t['value']:.4g}"
         print(f"  target {'met    ' if t['met'] else 'MISSED '} {name}: {value}")

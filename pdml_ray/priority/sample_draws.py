@@ -115,8 +115,13 @@ class SampleDraws:
             return False
         if self.switch.threshold is None:
             return True
-        sub = self.switch_rng.integers(0, self.num_samples, size=GAIN_ITEMS)
-        sub = sub[self.seen[sub]]
+        seen = self.num_samples - self.unseen_count
+        if seen == 0:
+            return self.switch.on
+        # about GAIN_ITEMS seen samples even while few are seen: draw N / seen times as many (at most 64x)
+        count = GAIN_ITEMS * min(-(-self.num_samples // seen), 64)
+        sub = self.switch_rng.integers(0, self.num_samples, size=count)
+        sub = sub[self.seen[sub]][:GAIN_ITEMS]
         return self.switch.decide(self.scores[sub], self.num_samples * self.probabilities(sub, step))
 
     def _mass(self) -> tuple[float, float]:

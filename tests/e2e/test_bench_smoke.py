@@ -44,7 +44,8 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
     assert STANDARD | FIGURES[name] <= set(result), sorted(set(result))
     assert result["machine"]["cores"] >= 1 and result["emulated"]
     if name == "sampling":
-        assert set(result["ablations"]) == {"priority_beta1", "priority_no_correction", "label_balanced"}
+        assert set(result["ablations"]) == {"priority_beta1", "priority_no_correction", "label_balanced", "focal"}
+        assert {"annealed", "selective_backprop", "rho_loss"} <= set(result["arms"]) and result["best_label_free"]
         assert all({"steps_to_target", "time_to_target_s", "step_ratio", "time_ratio", "reached"} <= set(a)
                    for a in result["ablations"].values())
         from pdml_ray.config import ContinuityConfig  # the benchmark checks continuity at the library default
