@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
                         help=f"seeds per grid cell, --seed, --seed + 1, ... (default {DEFAULT_SEEDS})")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray-actor comparison")
+    parser.add_argument("--scenarios", type=_scenario_names, default=None,
+                        help="non-stationary scenarios to run, comma-separated from "
+                             "homogeneous,drift,uneven,comm-delay,memory-cap (default all; 'none' skips them)")
     parser.add_argument("--ray-steps", type=int, help="timed rounds of the Ray-actor comparison (default 16, quick 6)")
     # The Ray-actor run's compute defaults to sleep here: real compute on a few shared cores measures
     # CPU contention, not the schedule.
@@ -62,6 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "then sleeps micro-batch samples x --per-sample-ms / speed (x2 for a backward): EMULATED compute, so six "
         "actors on a few cores keep their speeds; real: a larger MLP's own compute, the slow replica sleeping "
         "(1/speed - 1) x its compute"))
+
+
+def _scenario_names(text: str) -> list[str]:
+    from pdml_ray.pipeline.scenarios import SCENARIOS
+
+    names = [] if text.strip() == "none" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown scenario(s) {unknown}; valid names: {list(SCENARIOS)} or none")
+    return names
+
+
+_scenario_names.__name__ = "scenario names"
 
 
 def _grid(quick: bool) -> list[tuple[int, int, int, str]]:
@@ -228,6 +244,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"target {name}: {'met' if t['met'] else 'NOT met'} ({t['basis']}: {t['value']:.4g}, target "
               f"{t['target']}; worst single seed {t['worst_seed_value']:.4g}: "
               f"{'met' if t['met_every_seed'] else 'not met'} on every seed)")
+    scenarios = run_scenario_section(args, seeds, steps)
+    targets.update(scenarios["targets"])
     ray_section = run_ray(args)
     print(_ray_line(ray_section))
     planning = run_planning(args)
@@ -243,7 +261,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     result = {"grid": grid, "schedules": list(SCHEDULES), "baselines": list(BASELINES), "steps": steps,
               "torch_orders": {"torch": SUPPORTED_TORCH, "adjustments": {k: v for k, v in ADJUSTMENTS.items() if v}},
-              "seeds": seeds, "summary": summary, **speed, "targets": targets, "ray": ray_section, "planning": planning,
+              "seeds": seeds, "summary": summary, "scenarios": scenarios, **speed, "targets": targets,
+              "ray": ray_section, "planning": planning,
               "compute": ray_section.get("compute", "none (Ray run skipped)"),
               "devices": {"grid": "none: discrete-event simulator, no model runs",
                           "ray": "cpu" if "skipped" not in ray_section else "not run"},
@@ -253,6 +272,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "speeds": "heterogeneous: uniform [0.8, 1.2] per replica, one replica of the middle stage at half",
                 "noise": "noisy: lognormal sigma 0.2 per action, micro-batch cv 0.1, drift 0.05 per step",
                 "memory_limit": "stages activations per replica (1F1B's peak)",
+                "scenarios": "non-stationary scenarios SIMULATED (pdml_ray.pipeline.scenarios): a replica slowed for a "
+                             "window of steps, long-tailed sequence lengths (attention quadratic), late transfers, a "
+                             "memory cap below 1F1B's warm-up; osprey plans one step ahead through the scheduler",
                 "torch_schedules": "torch's generated orders, one pipeline per data-parallel replica; a two-chunk "
                                    "schedule's chunks each cost half their rank's stage (and hold half its activation)",
                 "ray": "one EMULATED slow replica in the Ray-actor run",
@@ -262,6 +284,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # none at all when only the simulator ran.
     used = argparse.Namespace(**{**vars(args), "device": "cpu" if "skipped" not in ray_section else "none"})
     return finish(used, result, emulated)
+
+
+def run_scenario_section(args: argparse.Namespace, seeds: list[int], steps: int) -> dict[str, Any]:
+    """The non-stationary scenarios (``pdml_ray.bench.pipeline_scenarios``): records, summary, targets."""
+    from pdml_ray.bench.common import print_table
+    from pdml_ray.bench.pipeline_scenarios import SCENARIOS, check_targets as scenario_targets, run_scenarios, summarize
+
+    names = list(SCENARIOS) if args.scenarios is None else args.scenarios
+    if not names:
+        return {"skipped": "--scenarios none", "targets": {}}
+    records = run_scenarios(quick=args.quick, seeds=seeds, steps=steps, scenarios=names)
+    rows = [[r["scenario"], r["stages"], r["replicas"], r["microbatches"], r["makespan_s"]["osprey"],
+             f"{r['best_static']['name']} {r['best_static']['makespan_s']:.4g}",
+             f"{r['osprey_over_best_static']:.3f} ({r['osprey_over_best_static_worst']:.3f})",
+             f"{r['osprey_over_lower_bound']:.3f}", r["memory_violations"]["osprey"],
+             sum(1 for n, v in r["memory_violations"].items() if n != "osprey" and v > 0)] for r in records]
+    print_table(["scenario", "S", "R", "M", "osprey", "best static", "osp/best (worst)", "osp/LB", "osp_mem_viol",
+                 "statics over cap"], rows,
+                title=f"SIMULATED non-stationary scenarios: mean makespan (s) over steps 2..{steps - 1}, median over "
+                      f"seeds {seeds}; osprey plans one step ahead")
+    targets = scenario_targets(records)
+    for name, t in targets.items():
+        print(f"target {name}: {'met' if t['met'] else 'NOT met'} ({t['basis']}: {t['value']:.4g}, target {t['target']})")
+    return {"records": records, "summary": summarize(records), "targets": targets}
 
 
 def _print_grid(grid: list[dict[str, Any]], steps: int, seeds: list[int], print_table: Any) -> None:

@@ -51,6 +51,7 @@ class Dispatcher:
         self._limit = plan.memory_limit if plan.memory_limit is not None else math.inf
         # Rank of each stage: an output moves between ranks (transfer_s), not between chunks of one rank.
         self._rank = plan.stage_rank if plan.stage_rank is not None else tuple(range(plan.num_stages))
+        self._late: dict[tuple[int, Kind, int], float] = {}  # outputs whose transfer takes its own seconds
         self._total = plan.num_actions
         self._completed = 0
         self._placement = dict(plan.placement)  # (stage, microbatch) -> replica; changes on drop_replica
@@ -63,7 +64,7 @@ class Dispatcher:
             t = self._done_at.get((stage, kind, m))
             if t is None:
                 return False
-            if self._rank[stage] != self._rank[action.stage] and t + self.transfer_s > now:
+            if self._rank[stage] != self._rank[action.stage] and t + self._late.get((stage, kind, m), self.transfer_s) > now:
                 return False
         return True
 
@@ -108,12 +109,18 @@ class Dispatcher:
             if self._in_flight[key] > self.peak_in_flight[key]:
                 self.peak_in_flight[key] = self._in_flight[key]
 
-    def complete(self, action: Action, at: float = 0.0) -> None:
-        """Record that ``action`` finished at time ``at`` (seconds); a B or W frees its activation."""
+    def complete(self, action: Action, at: float = 0.0, transfer_s: float | None = None) -> None:
+        """Record that ``action`` finished at time ``at`` (seconds); a B or W frees its activation.
+        ``transfer_s``: this output's own seconds to reach another rank (a late transfer), instead of
+        the dispatcher's ``transfer_s``."""
         key = (action.stage, action.kind, action.microbatch)
         if key in self._done_at:
             raise PlanError(f"{action} completed twice")
         self._done_at[key] = float(at)
+        if transfer_s is not None and transfer_s != self.transfer_s:
+            self._late[key] = float(transfer_s)
+        else:
+            self._late.pop(key, None)  # a re-run after a replica died arrives on time
         if action.kind in FREES_ACTIVATION:
             self._in_flight[self.plan.slot(action.stage, action.replica)] -= 1
         self._completed += 1

@@ -31,8 +31,13 @@ lower_bound_s = max(max_k bound_k, chain bound).
 Chunked plans: a plan of ``c`` x ``stages`` virtual stages (``Plan.stage_rank`` mapping them onto the
 profile's stages as ranks, as torch's interleaved and V schedules do) runs on a profile of ``stages``
 stages: each chunk costs 1 / c of its rank's stage (the model cut into c equal pieces per rank), at
-that rank's replica speeds, and one chunk's activation is 1 / c of the stage's, so the memory budget
-is c x ``memory_limit`` chunk activations.
+that rank's replica speeds, and one chunk's activation is 1 / c of the stage's (memory is counted in
+units of a whole stage's activation of one mean-length micro-batch).
+
+Non-stationary conditions (``pdml_ray.pipeline.scenarios`` names them): ``slow_windows`` (a replica
+slows by a factor for a window of steps, then recovers), ``seq_len_sigma`` (long-tailed sequence
+lengths: uneven costs, attention quadratic, and activations linear in length), ``transfer_delay_p``
+and ``transfer_delay_s`` (late transfers between ranks), with ``memory_limit`` as the cap.
 """
 
 from __future__ import annotations
@@ -47,7 +52,24 @@ import numpy as np
 from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.dispatch import Dispatcher
-from pdml_ray.pipeline.plan import KIND_INDEX, Action, Kind, Measurement, Plan, PlanSource, validate
+from pdml_ray.pipeline.plan import FREES_ACTIVATION, KIND_INDEX, Action, Kind, Measurement, Plan, PlanSource, validate
+
+
+@dataclass(frozen=True, slots=True)
+class SlowWindow:
+    """One replica running slower for a window of global steps, then recovering (thermal throttling,
+    a noisy neighbour): its speed is multiplied by ``factor`` for steps ``start_step <= t <
+    start_step + steps``."""
+
+    stage: int
+    replica: int
+    factor: float
+    """Speed multiplier in the window (0.5 = twice as slow)."""
+    start_step: int
+    steps: int
+
+    def active(self, step: int) -> bool:
+        return self.start_step <= step < self.start_step + self.steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,10 +93,24 @@ class ClusterProfile:
     transfer_s: float = 0.0
     """Seconds between an output completing and it being usable on the next (previous) stage."""
     memory_limit: int | None = None
-    """Activation budget per replica; peaks above it count as memory violations."""
+    """Activation budget per replica (rank), in units of one mean-length micro-batch's activation at a
+    whole stage; peaks above it count as memory violations."""
     weight_fraction: float = 0.5
     """Share of a full backward that is the weight gradient W when the backward is split; the input
     gradient I is the rest (B = I + W)."""
+    slow_windows: tuple[SlowWindow, ...] = ()
+    """Replicas that slow down for a window of steps and recover (the drift scenario)."""
+    seq_len_sigma: float = 0.0
+    """Uneven micro-batches: sigma of each micro-batch's lognormal (long-tailed, mean-one) sequence length
+    L, drawn each step (``sequence_lengths``; known before the step is planned). Its costs scale as
+    (1 - attention_share) L + attention_share L^2 (attention is quadratic), its activations as L."""
+    attention_share: float = 0.5
+    """Share of a micro-batch's cost at mean length that is attention (quadratic in its length)."""
+    transfer_delay_p: float = 0.0
+    """Probability that one transfer between ranks is late (a communication straggler), drawn per step,
+    stage, direction and micro-batch."""
+    transfer_delay_s: float = 0.0
+    """Extra seconds a late transfer takes."""
 
     def __post_init__(self) -> None:
         S = self.stages
@@ -89,6 +125,16 @@ class ClusterProfile:
         if not 0.0 <= self.weight_fraction <= 1.0:
             raise ConfigError(f"profile: weight_fraction must be in [0, 1] (W's share of the backward), got "
                               f"{self.weight_fraction}")
+        for w in self.slow_windows:
+            if not (0 <= w.stage < S and 0 <= w.replica < self.replicas[w.stage] and w.factor > 0
+                    and w.start_step >= 0 and w.steps >= 1):
+                raise ConfigError(f"profile: slow window {w} needs a replica of the cluster, a factor > 0, a start "
+                                  "step >= 0 and at least one step")
+        if not (self.seq_len_sigma >= 0 and 0 <= self.attention_share <= 1 and 0 <= self.transfer_delay_p <= 1
+                and self.transfer_delay_s >= 0):
+            raise ConfigError(f"profile: seq_len_sigma >= 0, attention_share and transfer_delay_p in [0, 1], "
+                              f"transfer_delay_s >= 0 seconds; got {self.seq_len_sigma}, {self.attention_share}, "
+                              f"{self.transfer_delay_p}, {self.transfer_delay_s}")
 
     @classmethod
     def build(cls, stages: int, replicas: int | Sequence[int], *, profile: str = "homogeneous",
@@ -138,9 +184,12 @@ class StepResult:
     bubble_fraction: list[float]
     """Per stage (per rank with virtual stages): 1 - busy time / (makespan x replicas)."""
     peak_memory: dict[tuple[int, int], int]
+    """Most activations (micro-batches' F started, B or W not finished) each orders key held at once."""
+    peak_activation: dict[tuple[int, int], float]
+    """Most activation memory each orders key held at once, in units of one mean-length micro-batch's
+    activation at a whole stage (a micro-batch of relative length L holds L; a chunk of c holds 1 / c)."""
     memory_violations: int
-    """Replicas whose activation peak exceeded the profile's memory budget (c x budget in chunk
-    activations for a plan of c chunks per stage)."""
+    """Replicas whose ``peak_activation`` exceeded the profile's ``memory_limit``."""
     measurements: list[Measurement] = field(repr=False)
 
     @property
@@ -162,7 +211,28 @@ class PipelineSimulator:
         for k in range(p.stages):
             out.append([p.speeds[k][r] * math.exp(flat[i + r]) for r in range(p.replicas[k])])
             i += p.replicas[k]
+        for w in p.slow_windows:
+            if w.active(step):
+                out[w.stage][w.replica] *= w.factor
         return out
+
+    def sequence_lengths(self, step: int, microbatches: int) -> np.ndarray:
+        """Each micro-batch's sequence length relative to the mean (1.0 when ``seq_len_sigma`` is 0):
+        what a data loader knows before the step, so a planner may read it."""
+        sigma = self.profile.seq_len_sigma
+        if not sigma:
+            return np.ones(microbatches)
+        rng = np.random.default_rng([self.seed, 19, step])
+        return rng.lognormal(-sigma**2 / 2, sigma, size=microbatches)
+
+    def transfer_delays(self, step: int, stages: int, microbatches: int) -> np.ndarray:
+        """(stages, 2, microbatches) extra seconds of the transfer out of each stage: [.., 0, m] its
+        forward output, [.., 1, m] its backward's (B or I) input gradient."""
+        p = self.profile
+        if not (p.transfer_delay_p and p.transfer_delay_s):
+            return np.zeros((stages, 2, microbatches))
+        rng = np.random.default_rng([self.seed, 23, step])
+        return (rng.random((stages, 2, microbatches)) < p.transfer_delay_p) * p.transfer_delay_s
 
     def work(self, step: int, microbatches: int) -> np.ndarray:
         """(stages, kinds, microbatches) seconds of work at speed 1, kinds indexed by ``KIND_INDEX``
@@ -174,6 +244,8 @@ class PipelineSimulator:
         # Mean-one lognormal: exp(N(-sigma^2/2, sigma)).
         noise = rng.lognormal(-p.noise_sigma**2 / 2, p.noise_sigma, size=(p.stages, 2, microbatches)) \
             if p.noise_sigma else np.ones((p.stages, 2, microbatches))
+        lengths = self.sequence_lengths(step, microbatches)
+        mb = mb * ((1.0 - p.attention_share) * lengths + p.attention_share * lengths**2)
         base = np.stack([np.asarray(p.forward_s), np.asarray(p.backward_s)], axis=1)[:, :, None]
         fb = base * mb[None, None, :] * noise  # (S, 2, M): F, B
         split = fb[:, 1:2, :] * np.array([1.0 - p.weight_fraction, p.weight_fraction])[None, :, None]
@@ -238,6 +310,11 @@ class PipelineSimulator:
         d = Dispatcher(plan, transfer_s=p.transfer_s)
         work, speeds = self._work_and_speeds(step, plan.num_microbatches, owner, chunks)
         w, transfer = work.tolist(), p.transfer_s
+        late = self.transfer_delays(step, plan.num_stages, plan.num_microbatches).tolist()
+        # Activation memory in units of one mean-length micro-batch at a whole stage: a chunk holds 1 / c.
+        size = (self.sequence_lengths(step, plan.num_microbatches) / chunks).tolist()
+        held = {key: 0.0 for key in plan.orders}
+        peak_held = dict(held)
         rank = plan.stage_rank if plan.stage_rank is not None else tuple(range(plan.num_stages))
         busy_until: dict[tuple[int, int], float] = {key: -1.0 for key in plan.orders}
         busy_total = {key: 0.0 for key in plan.orders}
@@ -254,6 +331,9 @@ class PipelineSimulator:
                 if a is None:
                     continue
                 d.start(a)
+                if a.kind is Kind.FORWARD:
+                    held[key] += size[a.microbatch]
+                    peak_held[key] = max(peak_held[key], held[key])
                 cost = w[a.stage][KIND_INDEX[a.kind]][a.microbatch] / speeds[a.stage][a.replica]
                 busy_until[key] = now + cost
                 busy_total[key] += cost
@@ -269,13 +349,16 @@ class PipelineSimulator:
                 wake.append(key)
                 if a is None:
                     continue
-                d.complete(a, at=now)
+                if a.kind in FREES_ACTIVATION:
+                    held[key] -= size[a.microbatch]
+                delay = transfer + late[a.stage][0 if a.kind is Kind.FORWARD else 1][a.microbatch]
+                d.complete(a, at=now, transfer_s=delay)
                 for dep in d.dependants(a):
                     dkey = plan.slot(dep.stage, dep.replica)
-                    if rank[dep.stage] == rank[a.stage] or transfer == 0.0:
+                    if rank[dep.stage] == rank[a.stage] or delay == 0.0:
                         wake.append(dkey)
                     else:
-                        heapq.heappush(events, (now + transfer, seq, None, dkey))
+                        heapq.heappush(events, (now + delay, seq, None, dkey))
                         seq += 1
         if not d.done():
             raise PlanError(f"simulation stalled at t={now:.4g}s with work left (plan {plan.schedule!r}); "
@@ -285,13 +368,13 @@ class PipelineSimulator:
         bubble = [1.0 - sum(v for key, v in busy_total.items() if key[0] == g)
                   / (makespan * sum(1 for key in busy_total if key[0] == g))
                   for g in sorted({key[0] for key in busy_total})]
-        peak = dict(d.peak_in_flight)
-        budget = chunks * p.memory_limit if p.memory_limit is not None else math.inf
+        budget = p.memory_limit if p.memory_limit is not None else math.inf
         lower = self.lower_bound(step, plan.num_microbatches, split_backward=plan.split_backward,
                                  stage_rank=plan.stage_rank)
         return StepResult(makespan_s=makespan, lower_bound_s=lower,
-                          bubble_fraction=bubble, peak_memory=peak,
-                          memory_violations=sum(1 for v in peak.values() if v > budget), measurements=measurements)
+                          bubble_fraction=bubble, peak_memory=dict(d.peak_in_flight), peak_activation=peak_held,
+                          memory_violations=sum(1 for v in peak_held.values() if v > budget + 1e-9),
+                          measurements=measurements)
 
 
 def simulate_schedule(scheduler: PlanSource, simulator: PipelineSimulator, steps: int,

@@ -187,7 +187,8 @@ def test_bench_pipeline_refuses_cuda_and_records_no_device(tmp_path, capsys: pyt
     assert main(["bench", "pipeline", "--device", "cuda", "--no-ray"]) == 2
     assert "--device cuda is not supported" in capsys.readouterr().err
     out = tmp_path / "p.json"
-    assert main(["bench", "pipeline", "--quick", "--no-ray", "--seeds", "1", "--steps", "4", "--json", str(out)]) == 0
+    assert main(["bench", "pipeline", "--quick", "--no-ray", "--seeds", "1", "--steps", "4", "--scenarios",
+                 "homogeneous,memory-cap", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["machine"]["device"] == "none" and result["devices"]["ray"] == "not run"
     assert "osprey_over_1f1b_weighted" in result["grid"][0] and result["seeds"] == [0]
@@ -198,6 +199,12 @@ def test_bench_pipeline_refuses_cuda_and_records_no_device(tmp_path, capsys: pyt
     assert cell["best_static"]["makespan_s"] == min(v for n, v in cell["makespan_s"].items()
                                                     if n not in ("osprey", "auto"))
     assert result["torch_orders"]["adjustments"].keys() == {"Schedule1F1B", "ScheduleDualPipeV"}
+    # One record per scenario cell, with the figures the issue names; their targets join --check's.
+    records = result["scenarios"]["records"]
+    assert [r["scenario"] for r in records] == ["homogeneous"] * 3 + ["memory-cap"] * 3
+    assert {"best_static", "osprey_over_best_static", "osprey_over_best_static_worst", "osprey_over_lower_bound",
+            "memory_violations"} <= set(records[0])
+    assert {"homogeneous_osprey_over_best_static", "memory_cap_osprey_violations"} <= set(result["targets"])
 
 
 # ---- split backward (F, I, W) and virtual stages ---------------------------------------------------
