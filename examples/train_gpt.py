@@ -8,6 +8,11 @@ On a GPU cluster:      ray job submit --working-dir . -- python examples/train_g
 The tokens are random (no download): the loss goes to the entropy of the vocabulary, ln(vocab); the
 point is the training path, not the model's quality. With --speeds the speed differences are
 EMULATED (a worker at speed s sleeps (1/s - 1) x its compute time); the training itself is real.
+
+With --data ray the same tokens come from a Ray Dataset (``PDMLTrainer(datasets=...)``,
+``ctx.iter_torch_batches``) instead of the DataLoader. Each epoch's metrics say what the input costs:
+``ingest_ms``, the time the loop waited for its next batch per step, against ``step_ms`` (each epoch's
+first step left out: it pays the loader's start-up). ``examples/ray_data_ingest.py`` compares the two.
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from typing import Any
 
+import numpy as np
 import ray
+import ray.data
 import ray.train
 import torch
 import torch.nn.functional as F
@@ -57,6 +66,33 @@ class GPT(nn.Module):
         return self.head(self.blocks(h, mask=self.causal[: tokens.shape[1], : tokens.shape[1]], is_causal=True))
 
 
+def epoch_batches(ctx: Any, data: RandomTokens, epoch: int, source: str) -> Iterable[torch.Tensor]:
+    """This epoch's token batches (b_i, seq + 1) at this worker's batch size: Ray Data or a DataLoader."""
+    if source == "ray":
+        return (batch["tokens"] for batch in ctx.iter_torch_batches("train", epoch=epoch))
+    return DataLoader(data, batch_sampler=ctx.batch_sampler(epoch, len(data)), num_workers=2, prefetch_factor=2,
+                      pin_memory=ctx.device.type == "cuda")
+
+
+def timed(batches: Iterable[torch.Tensor], clock: dict[str, float]) -> Iterator[torch.Tensor]:
+    """The batches; ``clock`` gets the seconds the loop waited for them (``wait_s``), the steps counted and
+    the span from the first batch to the last step's end (``span_s``), the first batch left out."""
+    it, t_first = iter(batches), None
+    while True:
+        t0 = time.perf_counter()
+        batch = next(it, None)
+        if t_first is None:
+            t_first = time.perf_counter()
+        else:
+            clock["span_s"] = t0 - t_first
+            if batch is not None:
+                clock["wait_s"] += time.perf_counter() - t0
+                clock["steps"] += 1
+        if batch is None:
+            return
+        yield batch
+
+
 def train_loop(config: dict) -> None:
     ctx = get_context()
     torch.set_num_threads(config["threads"])
@@ -73,9 +109,8 @@ def train_loop(config: dict) -> None:
             model.module.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
     for epoch in range(ctx.start_epoch, config["epochs"]):
-        loader = DataLoader(data, batch_sampler=ctx.batch_sampler(epoch, len(data)), num_workers=2,
-                            prefetch_factor=2, pin_memory=ctx.device.type == "cuda")
-        for tokens in loader:
+        clock = {"wait_s": 0.0, "steps": 0, "span_s": 0.0}
+        for tokens in timed(epoch_batches(ctx, data, epoch, config["data"]), clock):
             tokens = tokens.to(ctx.device, non_blocking=True)
             with ctx.step() as step:
                 logits = model(tokens[:, :-1])  # (b, T, vocab)
@@ -90,11 +125,13 @@ def train_loop(config: dict) -> None:
             if ctx.rank == 0:
                 torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
                            os.path.join(d, "model.pt"))
-            ctx.report({"epoch": epoch, "loss": per_token.mean().item()},
+            steps = max(clock["steps"], 1)
+            ctx.report({"epoch": epoch, "loss": per_token.mean().item(), "ingest_ms": 1e3 * clock["wait_s"] / steps,
+                        "step_ms": 1e3 * clock["span_s"] / steps},
                        checkpoint=ray.train.Checkpoint.from_directory(d) if ctx.rank == 0 else None)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (NCCL)")
@@ -111,24 +148,47 @@ def main() -> None:
                                                 "from its last checkpoint, e.g. --epochs 1 then --epochs 2 trains "
                                                 "the second epoch (default: a new name per invocation)")
     p.add_argument("--storage", default=None, help="Ray Train storage_path (default ~/ray_results)")
-    args = p.parse_args()
+    p.add_argument("--data", choices=("dataloader", "ray"), default="dataloader",
+                   help="the input: a DataLoader over ctx.batch_sampler, or a Ray Dataset through ctx.iter_torch_batches")
+    p.add_argument("--cpus-per-worker", type=float, default=None,
+                   help="CPUs each train worker reserves (Ray Train's default: 1); below 1 on a small machine "
+                        "leaves Ray Data some")
+    return p.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> Any:
+    """One PDMLTrainer run of the GPT (Ray already initialised); Ray Train's Result."""
     speeds = [float(s) for s in args.speeds.split(",")] if args.speeds else None
     workers = len(speeds) if speeds else args.workers
-    ray.init()  # under `ray job submit` this joins the cluster; locally it starts one
     config = PDMLConfig(decision_interval=4, node_priority=NodePriorityConfig(global_batch_size=args.global_batch, emulated_speeds=speeds))
+    samples = args.steps * args.global_batch
+    datasets = None
+    if args.data == "ray":  # row i holds the DataLoader path's sample i, made by Ray Data's tasks
+        data = RandomTokens(samples, args.seq, args.vocab)
+        datasets = {"train": ray.data.range(samples).map_batches(
+            lambda rows: {"tokens": np.stack([data[int(i)].numpy() for i in rows["id"]])})}
     result = PDMLTrainer(
         train_loop,
-        train_loop_config={"samples": args.steps * args.global_batch, "seq": args.seq, "vocab": args.vocab,
+        train_loop_config={"samples": samples, "seq": args.seq, "vocab": args.vocab, "data": args.data,
                            "width": args.width, "layers": args.layers, "heads": args.heads, "epochs": args.epochs,
                            "threads": 1 if not args.gpu else 4, "log_every": 5},
-        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=args.gpu),
+        datasets=datasets,
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=workers, use_gpu=args.gpu,
+            resources_per_worker=None if args.cpus_per_worker is None else {"CPU": args.cpus_per_worker}),
         run_config=ray.train.RunConfig(name=args.name or time.strftime("pdml-gpt-%Y%m%d-%H%M%S"),
                                        storage_path=args.storage),
         pdml_config=config,
     ).fit()
     if config.node_priority.emulation:
         print(config.node_priority.emulation)
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    ray.init()  # under `ray job submit` this joins the cluster; locally it starts one
+    result = run(args)
     mine = {k: v for k, v in result.metrics.items() if not k.startswith("pdml/")}
     print(f"pdml figures in Result.metrics: {sorted(k for k in result.metrics if k.startswith('pdml/'))}")
     print(f"metrics {mine}; {result.pdml}")

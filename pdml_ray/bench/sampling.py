@@ -473,13 +473,13 @@ def _continuity_cost_at_scale(args, steps: int, reference_step_ms: float) -> dic
     ``continuity.running_sums_from``)).
     Fractions are of ``reference_step_ms``: the priority arm's measured step, a small MLP on one CPU
     core, i.e. about the smallest step a model has (a pessimistic reference)."""
-    from pdml_ray.config import ContinuityConfig, SamplePriorityConfig
+    from pdml_ray.config import ContinuityConfig
     from pdml_ray.priority.continuity import dot
     from pdml_ray.priority.sample import SamplePrioritizer
 
     n = _LARGE_N
     continuity = ContinuityConfig() if args.check_interval is None else ContinuityConfig(check_interval=args.check_interval)
-    sp = SamplePrioritizer(n, SamplePriorityConfig(unseen_score=args.unseen_score), continuity, seed=args.seed)
+    sp = SamplePrioritizer(n, priority_config(args, "priority"), continuity, seed=args.seed)
     rng = np.random.default_rng(args.seed)
     sp.update(np.arange(n), rng.exponential(size=n), step=0)  # every sample seen: the steady state
     sp.check_seconds = sp.squares_seconds = 0.0
@@ -497,11 +497,21 @@ def _continuity_cost_at_scale(args, steps: int, reference_step_ms: float) -> dic
         dot(leaves, leaves)
         full.append(time.perf_counter() - t0)
     full_s = float(np.median(full))
+    # The library's own path at this size: one plan of B = 1024 (draw, probabilities, weights, the pay
+    # switch's verdict) plus the update of its 1,024 losses (scores, sum-tree, running sums), per call.
+    table_ms = []
+    for step in range(steps + 1, steps + 1 + (10 if args.quick else 50)):
+        t0 = time.perf_counter()
+        plan = sp.plans(step, 1, [1024])[0]
+        sp.update(plan.indices[0], rng.exponential(size=1024), step)
+        table_ms.append(1e3 * (time.perf_counter() - t0))
     incremental_step_s = sp.check_seconds / steps
     full_step_s = full_s / continuity.check_interval + (sp.check_seconds - sp.squares_seconds) / steps
     ref = reference_step_ms / 1e3
     return {
         "n": n, "synthetic_scores": True, "steps": steps, "checks": checks, "check_interval": continuity.check_interval,
+        "table_plan_update_ms_median": float(np.median(table_ms)), "table_plan_update_ms_max": float(np.max(table_ms)),
+        "table_batch": 1024, "table_mode": sp.config.mode, "table_pay_threshold": sp.config.pay_threshold,
         "update_batch": k * args.batch_size, "reference_step_ms": reference_step_ms,
         "reference_step": "the benchmark's measured priority step (small MLP, one CPU core): a pessimistic reference",
         "incremental_check_us": 1e6 * (sp.check_seconds - sp.squares_seconds) / max(checks, 1),
@@ -549,6 +559,8 @@ def _targets(args: argparse.Namespace, summary: dict[str, Any], control: dict[st
         at_least(control["time_ratio"], round(1.0 / _CONTROL_SLOWDOWN, 4))
     out["sum-tree draw + update, B = 1024, N = 1e7: median < 2 ms"] = below(tree["draw_update_ms_median"],
                                                                            _SUMTREE_MS_TARGET)
+    out["sample table plan + update (the library's path), B = 1024, N = 1e7: median < 2 ms"] = \
+        below(at_scale["table_plan_update_ms_median"], _SUMTREE_MS_TARGET)
     out["continuity cost < 0.1% of a step (library default interval)"] = \
         below(summary["continuity_overhead_fraction"], _CONTINUITY_FRACTION_TARGET)
     out["continuity cost at N = 1e7 < 0.1% of the reference step"] = \
@@ -691,7 +703,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"incremental = {at_scale['incremental_fraction_of_step']:.3%} of a {at_scale['reference_step_ms']:.2f} ms step "
           f"(a full pass would be {at_scale['full_pass_us'] / 1e3:.1f} ms per check = "
           f"{at_scale['full_pass_fraction_of_step']:.1%}); sum-tree draw+update B={tree['batch']}: "
-          f"{tree['draw_update_ms_median']:.2f} ms median")
+          f"{tree['draw_update_ms_median']:.2f} ms median; the table's plan + update B=1024: "
+          f"{at_scale['table_plan_update_ms_median']:.2f} ms median")
     print(f"best label-free arm: {summary['best_label_free']}"
           + (f"; label-aware oversampling is {result['label_aware_gap']:.3g}x its step ratio (it uses the labels)"
              if result["label_aware_gap"] is not None else ""))

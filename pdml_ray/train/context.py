@@ -96,6 +96,8 @@ class PDMLContext:
         self._sampled: dict[int, StepBatch] = {}  # steps the batch sampler produced, by global step
         self._sampler_step: int | None = None  # the next global step the batch sampler produces
         self.report_fn: Any = None  # ray.train.report, set by PDMLTrainer (this module stays free of Ray)
+        # PDMLTrainer(datasets=...)'s datasets by name (``ray_data.DatasetRows``; this module stays free of Ray)
+        self.datasets: dict[str, Any] = {}
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
         self._combiner: GradientCombiner | None = None
@@ -221,6 +223,20 @@ class PDMLContext:
         if self._sampler_step is None:
             self._sampler_step = self.global_step
         return StepBatchSampler(self, epoch, num_samples)
+
+    def iter_torch_batches(self, name: str, *, epoch: int, prefetch_batches: int = 1, dtypes: Any = None,
+                           device: Any = "auto", collate_fn: Any = None, pin_memory: bool = False) -> Iterator[Any]:
+        """This worker's batches of ``epoch`` from ``PDMLTrainer(datasets={name: ds})``, one per step, of
+        its current batch size: Ray Data's ``iter_torch_batches`` (the same ``prefetch_batches``,
+        ``dtypes``, ``device``, ``collate_fn``, ``pin_memory``) over the rows ``epoch()`` would give.
+        Train each with ``with ctx.step() as step:`` (no argument). Decisions take effect
+        ``prefetch_batches + 1`` steps after the boundary that adopts them (see ``batch_sampler``), so
+        keep ``prefetch_batches`` the same for the whole run. See ``pdml_ray.train.ray_data``."""
+        if name not in self.datasets:
+            raise UsageError(f"no dataset {name!r}: PDMLTrainer(datasets=...) gave {sorted(self.datasets) or 'none'}; "
+                             "pass PDMLTrainer(datasets={name: ray.data.Dataset}) as with TorchTrainer")
+        return self.datasets[name].batches(self, epoch, prefetch_batches=prefetch_batches, dtypes=dtypes,
+                                           device=device, collate_fn=collate_fn, pin_memory=pin_memory)
 
     def _steps(self, epoch: int, num_samples: int, before: Any) -> Iterator[StepBatch]:
         """The batches of one epoch from the current position; ``before(step)`` runs before each is cut

@@ -25,6 +25,7 @@ from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.node import accelerator_from_gpu_name, accelerator_from_resources
 from pdml_ray.scheduler import SchedulerStats
 from pdml_ray.train.context import PDMLContext, set_context
+from pdml_ray.train.ray_data import DatasetRows, materialize
 from pdml_ray.train.result_metrics import in_force_and_pending
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     client = SchedulerClient(RaySchedulerTransport(pdml_config.scheduler_name, pdml_config.namespace))
     context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
     context.report_fn = ray.train.report
+    context.datasets = {name: DatasetRows(blocks) for name, blocks in pdml.get("datasets", {}).items()}
     checkpoint = ray.train.get_checkpoint()  # a restart after a failure, or a rerun: the run storage's latest
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
@@ -147,6 +149,8 @@ class PDMLTrainer:
     ``pdml_ray.train.get_context()``. ``fit()`` returns Ray Train's own ``Result`` (metrics,
     checkpoint, error as usual) with pdml-ray's additions in one place: ``result.pdml``
     (``PDMLRunInfo``: scheduler stats, decision history, telemetry, scheduler state, warnings).
+    ``datasets={"train": ds}`` (Ray Datasets) are materialised once in ``fit()``; the loop reads them
+    at its batch sizes through ``ctx.iter_torch_batches("train", epoch=e)`` (``pdml_ray.train.ray_data``).
     """
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
@@ -204,10 +208,14 @@ class PDMLTrainer:
         if pdml_config.node.emulation:  # said where the user looks, not only in the stats
             print(f"pdml-ray ({pdml_config.scheduler_name}): {pdml_config.node.emulation}", flush=True)
         loop = self.loop
-        config = {**self.loop_config, _CONFIG_KEY: {"config": pdml_config.to_dict()}}
+        kwargs = dict(self.kwargs)
+        pdml: dict[str, Any] = {"config": pdml_config.to_dict()}
+        if kwargs.get("datasets"):  # run once here; the workers read their rows by position (see ray_data)
+            kwargs["datasets"], pdml["datasets"] = materialize(kwargs["datasets"])
+        config = {**self.loop_config, _CONFIG_KEY: pdml}
         # built before the scheduler starts: an error here leaves nothing behind
         trainer = TorchTrainer(lambda cfg: _run_worker(loop, cfg), train_loop_config=config,
-                               scaling_config=self.scaling_config, run_config=self.run_config, **self.kwargs)
+                               scaling_config=self.scaling_config, run_config=self.run_config, **kwargs)
         scheduler = None
         try:
             scheduler = create_scheduler(pdml_config, self.num_workers, run_name=self.run_config.name)

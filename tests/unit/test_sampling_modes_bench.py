@@ -48,7 +48,8 @@ def test_arms_flag_and_targets_follow_the_data():
     summary = {"arms": {"uniform": arm(1000, 10), "priority": arm(90, 2), "rho_loss": arm(60, 2.5),
                         "label_balanced": arm(55, 1)}, "step_ratio": 1000 / 90, "time_ratio": 5,
                "continuity_overhead_fraction": 1e-4, "best_label_free": "rho_loss"}
-    control, tree, scale = {"time_ratio": 0.9}, {"draw_update_ms_median": 1.0}, {"incremental_fraction_of_step": 1e-4}
+    control, tree = {"time_ratio": 0.9}, {"draw_update_ms_median": 1.0}
+    scale = {"incremental_fraction_of_step": 1e-4, "table_plan_update_ms_median": 1.5}
     high = sampling._targets(_parse(["--imbalance", "1000"]), summary, control, tree, scale)
     assert high["imbalance >= 1000: best label-free arm (rho_loss) >= 10x fewer steps than tuned uniform"]["met"]
     assert high["imbalance >= 1000: best label-free arm (rho_loss) >= 3x less wall time than tuned uniform"]["met"]
