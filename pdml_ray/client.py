@@ -189,6 +189,11 @@ class SchedulerClient:
     def set_dataset_size(self, num_samples: int) -> None:
         self._startup_call("set_dataset_size", num_samples)
 
+    def set_shape(self, axis: str, shape: Mapping[str, Any]) -> None:
+        """Tell axis ``axis`` the shape it plans for (start-up, blocking), e.g. the node axis a model's
+        batch floor."""
+        self._startup_call("set_shape", axis, dict(shape))
+
     def report(self, reports: list[WorkerReport], flush: bool = False) -> None:
         """Fire-and-forget, bounded: a dead scheduler loses these reports (counted), never the training
         step. ``flush`` (the end of training, a checkpoint) first waits up to 30 s for the calls in

@@ -41,6 +41,13 @@ nothing, so its line would never learn that it became fast. After ``PROBE_AFTER`
 is given 1 sample (taken from the largest batch) for one interval without the noise gate, and its old
 line is replaced by one fitted from the probe's reports; a probe that leaves it idle doubles the wait.
 
+Batch floor. A model whose BatchNorm layers normalise over each worker's own batch needs enough samples
+per worker for those statistics to hold; ``prepare_model`` announces a floor for it
+(``NodePriorityConfig.batchnorm_min_batch``) through ``Scheduler.set_shape("node", {"min_batch": n})``,
+capped at the uniform share ``B // n`` (node priorities never make the statistics worse than uniform
+shares would). Every later decision keeps every worker at or above it, and a decision in force that is
+below it is re-derived at the next boundary without the noise gate (it is a constraint, not noise).
+
 Limits. At a fixed point of the balance every worker runs one batch size; the spread that identified
 c is then forgotten and the fit shrinks back to the proportional model, which has the same fixed
 point (equal step times), so decisions hold; ``NodeStats.fixed_costs`` then reads ~0. After a
@@ -60,7 +67,7 @@ import numpy as np
 from pdml_ray.batching import balance_affine, predicted_step_s, round_to_batch_sizes
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, NodeDecision, WorkerReport
-from pdml_ray.errors import StateError
+from pdml_ray.errors import ReportError, StateError, shown
 from pdml_ray.priority.base import Deriver, GaugeValue
 from pdml_ray.priority.step_fit import LineFit, StepTimeFit, student_quantile
 
@@ -87,9 +94,11 @@ class NodeStats:
     rate_source: str
     """'measured' once every worker has been measured, else 'prior'."""
     accelerator_types: tuple[str, ...]
+    min_batch: int = 0
+    """The smallest batch any worker gets: ``min_batch`` or a model's announced floor (BatchNorm), the larger."""
 
     def summary_lines(self) -> list[str]:
-        lines = [f"node priorities (step time c + b / r, {self.rate_source})",
+        lines = [f"node priorities (step time c + b / r, {self.rate_source}; every batch >= {self.min_batch})",
                  f"{'worker':>6}  {'accelerator':<12} {'priority':>8} {'batch':>6} {'grad weight':>11} "
                  f"{'rate r':>10} {'fixed c (s)':>11}"]
         for i, (accel, share, size, weight, rate, fixed) in enumerate(zip(
@@ -137,6 +146,7 @@ class NodePriorityDeriver(Deriver):
         cfg.check_workers(num_workers)
         self.accelerator_types = list(accelerator_types or ["CPU"] * num_workers)
         self.fit = StepTimeFit(num_workers, cfg.ema_alpha)
+        self.floor = 0  # the model's announced batch floor (on_shape), already capped at B // n
         self.current = self._decide_from(self.step_model())
         self.idle_boundaries = np.zeros(num_workers, dtype=np.int64)  # boundaries each worker has had 0 samples
         self.probe_after = np.full(num_workers, PROBE_AFTER, dtype=np.int64)
@@ -146,6 +156,20 @@ class NodePriorityDeriver(Deriver):
     def on_register(self, worker_id: int, accelerator_type: str) -> None:
         """Record a worker's accelerator type; while on the prior, the next boundary re-derives it."""
         self.accelerator_types[worker_id] = accelerator_type
+
+    def on_shape(self, shape: Mapping[str, Any]) -> None:
+        """The model's batch floor, ``{"min_batch": n}`` (``prepare_model`` announces it for BatchNorm
+        layers), capped at the uniform share ``B // num_workers``; the next boundary enforces it."""
+        floor = shape.get("min_batch") if isinstance(shape, Mapping) and set(shape) == {"min_batch"} else None
+        if not (isinstance(floor, int) and not isinstance(floor, bool) and 0 <= floor <= self.node_config.batch):
+            raise ReportError("the node axis takes the shape {'min_batch': n}, a batch floor from 0 to the global "
+                              f"batch size {self.node_config.batch}; got {shown(shape, 80)}")
+        self.floor = min(floor, self.node_config.batch // self.num_workers)
+
+    @property
+    def min_batch(self) -> int:
+        """The smallest batch a decision gives any worker: ``min_batch`` or the announced floor."""
+        return max(self.node_config.min_batch, self.floor)
 
     def prior_rates(self) -> np.ndarray:
         """Relative speeds from the accelerator prior; unknown types count as the median known speed."""
@@ -200,9 +224,10 @@ class NodePriorityDeriver(Deriver):
         candidate = self._decide_from(model)
         if candidate.batch_sizes == self.current.batch_sizes:
             return None
-        # a prior that changed (a worker said its type) is not noise: no gate
-        if model.source == "measured" and not self.worth_switching(model, self.current.batch_sizes,
-                                                                   candidate.batch_sizes):
+        # a prior that changed (a worker said its type) is not noise, nor is a floor the current sizes break: no gate
+        below_floor = min(self.current.batch_sizes) < self.min_batch
+        if model.source == "measured" and not below_floor and not self.worth_switching(
+                model, self.current.batch_sizes, candidate.batch_sizes):
             return None
         self.current = candidate
         self.probe_after[np.asarray(candidate.batch_sizes) > 0] = PROBE_AFTER  # measured again: back to the start
@@ -219,7 +244,7 @@ class NodePriorityDeriver(Deriver):
             return None
         for w in due:
             donor = int(np.argmax(sizes))
-            if sizes[donor] <= max(self.node_config.min_batch, 1):
+            if sizes[donor] <= max(self.min_batch, 1):
                 break  # nothing left to give (cannot happen while some worker is idle and B >= 1)
             sizes[donor] -= 1
             sizes[w] = 1
@@ -266,9 +291,9 @@ class NodePriorityDeriver(Deriver):
         if not cfg.enabled:
             fixed, rates = np.zeros(self.num_workers), np.ones(self.num_workers)
             source = "uniform (node priorities disabled)"
-        target = balance_affine(fixed, rates, cfg.batch, cfg.min_batch, cfg.max_batch)
+        target = balance_affine(fixed, rates, cfg.batch, self.min_batch, cfg.max_batch)
         shares = target / target.sum()
-        sizes = round_to_batch_sizes(shares, cfg.batch, cfg.min_batch, cfg.max_batch)
+        sizes = round_to_batch_sizes(shares, cfg.batch, self.min_batch, cfg.max_batch)
         return NodeDecision.from_sizes(0, 0, sizes, shares, reason=source)
 
     def stats(self) -> NodeStats:
@@ -277,12 +302,12 @@ class NodePriorityDeriver(Deriver):
         return NodeStats(batch_sizes=d.batch_sizes, grad_weights=d.grad_weights, shares=d.shares,
                          rates=tuple(float(r) for r in model.rates),
                          fixed_costs=tuple(float(c) for c in model.fixed_s), rate_source=model.source,
-                         accelerator_types=tuple(self.accelerator_types))
+                         accelerator_types=tuple(self.accelerator_types), min_batch=self.min_batch)
 
     # -- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"fit": self.fit.state_dict(), "decision": self.current.to_dict(),
-                "accelerator_types": list(self.accelerator_types),
+                "accelerator_types": list(self.accelerator_types), "floor": self.floor,
                 "idle": {"boundaries": self.idle_boundaries.tolist(), "probe_after": self.probe_after.tolist(),
                          "refit": self.refit.tolist()}}
 
@@ -307,6 +332,11 @@ class NodePriorityDeriver(Deriver):
                 raise StateError(f"saved idle-worker state is not for {self.num_workers} workers; resume with the "
                                  "same number of workers")
             self.idle_boundaries, self.probe_after, self.refit = arrays
+        floor = state.get("floor", 0)  # absent in states written before models announced a floor
+        if not (isinstance(floor, int) and not isinstance(floor, bool) and 0 <= floor <= self.node_config.batch):
+            raise StateError(f"saved node state has batch floor {shown(floor)}; expected an integer from 0 to the "
+                             f"global batch size {self.node_config.batch}")
+        self.floor = min(floor, self.node_config.batch // self.num_workers)
         self.current = decision
         self.accelerator_types = list(state["accelerator_types"])
 

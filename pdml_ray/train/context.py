@@ -40,7 +40,8 @@ from pdml_ray.state_format import check_decision, check_scheduler_decisions, rea
 from pdml_ray.train.result_metrics import pdml_metrics
 from pdml_ray.train.step import NonFiniteCounts, StepBatch, StepScope, _Untimed
 from pdml_ray.train.timing import make_timer
-from pdml_ray.train.wrappers import GradientCombiner, Sync, check_supported, combiner_for, describe, is_fsdp2
+from pdml_ray.train.wrappers import (GradientCombiner, Sync, check_supported, combiner_for, describe, is_fsdp2,
+                                     prepare_batchnorm)
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +129,20 @@ class PDMLContext:
         A ``DistributedDataParallel`` model gets a weighting communication hook, a ``fully_shard``
         (FSDP2) model a loss scale, and a plain module is moved to the device and wrapped in DDP (as
         ``ray.train.torch.prepare_model`` does, rank 0's parameters broadcast) with the hook. The
-        returned model is the wrapper; ``.module`` is yours, as with DDP.
+        returned model is the wrapper; ``.module`` is yours, as with DDP. BatchNorm layers get a batch
+        floor or SyncBatchNorm (``node_priority.batchnorm``, see ``wrappers``).
         """
         if self._combiner is not None:
             raise UsageError("ctx.prepare_model was already called: prepare one model per training run")
         check_supported(model, sync)
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel) and not is_fsdp2(model):
             model = model.to(self.device)
+        model, batch_floor = prepare_batchnorm(model, self.config.node, self.device)
         model, self._combiner = combiner_for(model, sync, self.world_size, self.device)
         self._combiner.on_compute_end = self._compute_ended  # DDP's last bucket: backward's compute is done
+        self._combiner.comm_timer = self._timer  # collectives inside forward and backward are not compute
+        if batch_floor and self.client is not None and self.rank == 0:  # BatchNorm: every decision keeps it
+            self.client.set_shape("node", {"min_batch": batch_floor})
         self._params = [p for p in model.parameters() if p.requires_grad]
         if self.rank == 0:
             log.info("pdml-ray gradient weights: %s", describe(self._combiner))

@@ -26,6 +26,16 @@ runs. Nothing blocks unless ``collect(block=True)`` is asked for (the end of tra
 and that waits only for the compute stream to reach the end events, never for a collective queued
 after them.
 
+**Communication inside the span.** Some collectives sit inside the compute, where the step waits for
+every rank: DDP's broadcast of buffers (BatchNorm's running statistics) at the start of each forward,
+FSDP2's all-gathers before each sharded module's forward and backward and its reduce-scatters during
+backward. ``pause()`` and ``resume()`` bracket them (the wrappers call them from module hooks, see
+``pdml_ray.train.wrappers``); the bracketed time is subtracted from the step's span. On a GPU the two
+marks are events on the compute stream too, so what is subtracted is how long the compute stream sat
+in between: its wait for the collective (plus FSDP's copies in and out of the collective's buffers,
+which cost the same at any batch size). Brackets nest (only the outermost counts), a ``pause()``
+outside an open step does nothing, and one still open at ``end()`` is closed there.
+
 **The bound.** A timer keeps at most ``max_pending`` ended steps whose times are not yet known (two
 events each). If the host runs further ahead of the GPU than that, the oldest step is waited for
 (its end event only, i.e. that step's own compute) and its time is kept for the next ``collect()``;
@@ -37,7 +47,8 @@ On a CPU the same protocol runs on ``time.perf_counter``: a step's time is known
 The protocol (``StepTimer``), as a step scope drives it::
 
     timer.begin(step)            # start of the step's compute (records on the compute stream)
-    ...forward, backward...      # the last gradient bucket may call timer.end() (cheap, no sync)
+    ...forward, backward...      # the last gradient bucket may call timer.end() (cheap, no sync);
+                                 # a collective inside them is bracketed by timer.pause(), timer.resume()
     if not timer.ended:
         timer.end()              # otherwise compute ends when the step block does
     for s, compute_s in timer.collect():   # the steps whose time is now known (usually s = step - 1)
@@ -85,6 +96,10 @@ class StepTimer(Protocol):
 
     def abort(self) -> None: ...
 
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
     def collect(self, block: bool = False) -> list[tuple[int, float]]: ...
 
     @property
@@ -106,7 +121,10 @@ class _Timer(Generic[M]):
         self.max_pending = max_pending
         self._open: tuple[int, M] | None = None  # (step, begin mark) of the step being computed
         self._end: M | None = None  # the open step's end mark (the last end() call counts)
-        self._pending: deque[tuple[int, M, M]] = deque()  # ended, time not known yet, in step order
+        self._gaps: list[tuple[M, M]] = []  # the open step's (pause, resume) marks: not compute
+        self._paused: M | None = None  # the open bracket's pause mark
+        self._depth = 0  # pause() calls not yet resumed (brackets nest; the outermost counts)
+        self._pending: deque[tuple[int, M, M, list[tuple[M, M]]]] = deque()  # ended, time not known yet
         self._ready: list[tuple[int, float]] = []  # known (waited for under the bound), not handed out
         self._latest: float | None = None
 
@@ -132,12 +150,35 @@ class _Timer(Generic[M]):
                                    "call end() or abort() first")
             self._close()
         self._open = (step, self._mark(at_begin=True))
+        self._gaps, self._paused, self._depth = [], None, 0
 
     def end(self) -> None:
         """The open step's compute ends now. Cheap and never blocks (safe inside a communication hook,
-        on autograd's thread); without an open step it does nothing; a later call moves the end."""
+        on autograd's thread); without an open step it does nothing; a later call moves the end. A
+        bracket still open (``pause()`` without its ``resume()``) is closed here."""
         if self._open is not None:
             self._end = self._mark(at_begin=False)
+            if self._paused is not None:
+                self._gaps.append((self._paused, self._end))
+                self._paused = None
+
+    def pause(self) -> None:
+        """A collective starts inside the open step's compute: time from here to ``resume()`` is not
+        compute. Cheap and never blocks; nests; outside an open step, or after ``end()``, it does nothing."""
+        if self._open is None or self._end is not None:
+            return
+        self._depth += 1
+        if self._depth == 1:
+            self._paused = self._mark(at_begin=False)
+
+    def resume(self) -> None:
+        """The collective that ``pause()`` announced is done: compute goes on."""
+        if self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0 and self._paused is not None and self._end is None:
+            self._gaps.append((self._paused, self._mark(at_begin=False)))
+            self._paused = None
 
     @property
     def ended(self) -> bool:
@@ -147,6 +188,7 @@ class _Timer(Generic[M]):
     def abort(self) -> None:
         """Drop the open step (it failed: it has no time to report)."""
         self._open, self._end = None, None
+        self._gaps, self._paused, self._depth = [], None, 0
 
     def collect(self, block: bool = False) -> list[tuple[int, float]]:
         """``(step, compute seconds)`` of every step whose time became known since the last call, in
@@ -157,13 +199,13 @@ class _Timer(Generic[M]):
             self._close()
         out, self._ready = self._ready, []
         while self._pending:
-            step, begin, end = self._pending[0]
+            step, begin, end, gaps = self._pending[0]
             if not self._done(end):
                 if not block:
                     break
                 self._wait(end)
             self._pending.popleft()
-            out.append((step, self._seconds(begin, end)))
+            out.append((step, self._compute_s(begin, end, gaps)))
         if out:
             self._latest = out[-1][1]
         return out
@@ -178,15 +220,19 @@ class _Timer(Generic[M]):
         """The compute seconds of the newest step handed out by ``collect`` (None before the first)."""
         return self._latest
 
+    def _compute_s(self, begin: M, end: M, gaps: list[tuple[M, M]]) -> float:
+        """The span from begin to end less its bracketed collectives (every mark is done once end is)."""
+        return max(self._seconds(begin, end) - sum(self._seconds(p, r) for p, r in gaps), 0.0)
+
     def _close(self) -> None:
         assert self._open is not None and self._end is not None
         step, begin = self._open
-        self._pending.append((step, begin, self._end))
-        self._open, self._end = None, None
+        self._pending.append((step, begin, self._end, self._gaps))
+        self._open, self._end, self._gaps, self._paused, self._depth = None, None, [], None, 0
         while len(self._pending) > self.max_pending:  # the GPU is far behind: wait for the oldest
-            old_step, old_begin, old_end = self._pending.popleft()
+            old_step, old_begin, old_end, old_gaps = self._pending.popleft()
             self._wait(old_end)
-            self._ready.append((old_step, self._seconds(old_begin, old_end)))
+            self._ready.append((old_step, self._compute_s(old_begin, old_end, old_gaps)))
 
 
 class CpuTimer(_Timer[float]):

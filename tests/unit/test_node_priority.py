@@ -141,6 +141,38 @@ def test_floors_caps_hold_in_decisions():
     assert deriver.current.batch_sizes == (60, 20, 20)
 
 
+def test_a_batchnorm_floor_holds_in_every_decision_and_rederives_one_in_force_below_it():
+    """A worker 30x slower would get 2 of 64 samples; once the model announces a floor of 16 (its
+    BatchNorm layers, through set_shape), the decision in force is re-derived at the next boundary, past
+    the noise gate and the hysteresis floor, and no later decision goes below 16. The floor is capped at
+    the uniform share, survives a restart of the scheduler's state, and a malformed shape is refused."""
+    from pdml_ray.errors import ReportError, StateError
+
+    cfg = NodePriorityConfig(global_batch_size=64, warmup_steps=0, hysteresis=0.0, decision_confidence=0.0)
+    deriver = _deriver(cfg, 2)
+    _feed(deriver, [3000.0, 100.0], steps=3)
+    assert deriver.current.batch_sizes == (62, 2)
+    deriver.node_config.hysteresis = 0.9  # a gain would now need to cut the step by 90%
+    deriver.on_shape({"min_batch": 16})
+    d = _decide(deriver, 10)
+    assert d is not None and d.batch_sizes == (48, 16) and deriver.stats().min_batch == 16
+    assert _feed(deriver, [3000.0, 100.0], steps=10) == [] and deriver.current.batch_sizes == (48, 16)
+    assert "every batch >= 16" in deriver.stats().summary_lines()[0]
+
+    restarted = _deriver(cfg, 2)
+    restarted.load_state_dict(deriver.state_dict())
+    assert restarted.floor == 16 and restarted.min_batch == 16
+    with pytest.raises(StateError, match="batch floor"):
+        restarted.load_state_dict({**deriver.state_dict(), "floor": -1})
+
+    capped = _deriver(NodePriorityConfig(global_batch_size=24, warmup_steps=0), 2)
+    capped.on_shape({"min_batch": 16})
+    assert capped.min_batch == 12  # the uniform share: never worse than uniform shares
+    for bad in ({"min_batch": 65}, {"min_batch": 1.5}, {"stages": 2}, {"min_batch": 4, "x": 1}, [16]):
+        with pytest.raises(ReportError, match="min_batch"):
+            deriver.on_shape(bad)
+
+
 def test_warmup_reports_do_not_move_shares():
     cfg = NodePriorityConfig(global_batch_size=100, warmup_steps=3, hysteresis=0.0)
     deriver = _deriver(cfg, 2)

@@ -196,6 +196,53 @@ def test_cpu_timer_reports_at_once_on_its_clock():
     assert timer.latest_s == pytest.approx(0.5) and timer.pending == 0
 
 
+def test_a_collective_bracketed_inside_the_span_is_not_compute_on_the_gpu():
+    """FSDP2's all-gather before a module, or DDP's buffer broadcast: the compute stream waits for a
+    collective on another stream that a slower rank holds up; pause()/resume() around it take the wait
+    out, however long it is. Brackets nest (the outermost counts), and one open at end() closes there."""
+    gpu = FakeGpu()
+    timer = _timer(gpu)
+    got = []
+    for step, wait in enumerate([0.300, 0.010]):
+        timer.begin(step)
+        gpu.run(0.004)  # the first module's forward
+        timer.pause()
+        timer.pause()  # nested: FSDP's unshard inside a bracketed pre-forward
+        gpu.run(wait, stream="side")  # the all-gather, waiting for the slow rank
+        gpu.wait_stream("compute", "side")
+        timer.resume()
+        gpu.run(0.001)  # the copy-out, still inside the outer bracket
+        timer.resume()
+        timer.resume()  # one resume too many: ignored
+        gpu.run(0.006)  # the rest of forward and backward
+        timer.pause()  # a reduce-scatter still in flight when the step's compute ends
+        gpu.run(0.050, stream="side")
+        gpu.wait_stream("compute", "side")
+        timer.end()
+        got += timer.collect()
+        gpu.advance(1.0)
+    got += timer.collect()
+    assert got == _approx([(0, 0.010), (1, 0.010)])  # 4 + 6 ms of compute, whatever the waits
+
+
+def test_pause_outside_a_step_or_after_its_end_changes_nothing():
+    clock = iter([0.0, 1.0, 1.5, 2.0, 3.0]).__next__
+    timer = CpuTimer(clock=clock)
+    timer.pause()  # an evaluation forward outside ctx.step: reads no clock
+    timer.resume()
+    timer.begin(0)  # 0.0
+    timer.pause()  # 1.0
+    timer.resume()  # 1.5
+    timer.end()  # 2.0
+    timer.pause()  # after end: ignored
+    timer.resume()
+    assert timer.collect() == _approx([(0, 1.5)])
+    timer.begin(1)  # 3.0
+    timer.abort()  # a failed step drops its brackets with it
+    timer.resume()
+    assert timer.collect() == []
+
+
 def test_make_timer_picks_events_on_cuda_and_wall_time_elsewhere_without_touching_cuda():
     assert isinstance(make_timer(torch.device("cpu")), CpuTimer)
     timer = make_timer(torch.device("cuda", 0))  # constructing it needs no GPU

@@ -228,3 +228,81 @@ def test_each_step_reports_the_local_gradient_norm_taken_before_the_weighted_all
     ctx.flush()
     assert ctx._last_report is not None
     assert ctx._last_report.grad_norm == pytest.approx(4 * float(reduced), rel=1e-5)
+
+
+def _slow(seconds):
+    import time
+
+    def hook(*args, **kwargs):
+        time.sleep(seconds)
+    return hook
+
+
+def test_a_wait_inside_ddps_forward_before_the_module_runs_is_not_compute(gloo):
+    """DDP broadcasts rank 0's buffers (BatchNorm's running statistics) before the module's forward, a
+    collective that waits for rank 0: a 0.3 s wait there (a hook after DDP's own, standing in for a late
+    rank 0) stays out of the step's compute time; the same wait in the module's own forward counts."""
+    x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
+    ctx = _ctx()
+    model = ctx.prepare_model(_model())
+    model.register_forward_pre_hook(_slow(0.3))  # runs after prepare_model's pause, before the module
+    with ctx.step(_batch()) as step:
+        step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
+    assert ctx._reports[-1].compute_s < 0.15
+    model.module[0].register_forward_pre_hook(_slow(0.3))  # inside the module: compute
+    with ctx.step(_batch(step=1)) as step:
+        step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
+    assert ctx._reports[-1].compute_s >= 0.3
+
+
+def test_fsdp2_collectives_are_bracketed_out_of_the_compute_time(gloo):
+    """Every FSDP2 parameter group's unshard / wait_for_unshard / post_backward / finalize_backward is
+    bracketed: a 0.2 s wait inside the first all-gather (standing in for a slow rank) is not compute."""
+    from torch.distributed.fsdp import fully_shard
+
+    from pdml_ray.train.wrappers import FSDP_COMM_METHODS
+
+    model = _model()
+    fully_shard(model[0])
+    fully_shard(model)
+    group = model[0]._get_fsdp_state()._fsdp_param_groups[0]
+    unshard = group.unshard
+
+    def late_unshard(*args, **kwargs):
+        _slow(0.2)()
+        return unshard(*args, **kwargs)
+    group.unshard = late_unshard
+    ctx = _ctx()
+    model = ctx.prepare_model(model)
+    assert ctx._combiner.timed_comm and all(getattr(group, m).__name__ == "call" for m in FSDP_COMM_METHODS)
+    x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
+    calls = []
+    pause, resume = ctx._timer.pause, ctx._timer.resume
+    ctx._timer.pause = lambda: (calls.append("pause"), pause())[1]
+    ctx._timer.resume = lambda: (calls.append("resume"), resume())[1]
+    with ctx.step(_batch()) as step:
+        step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
+    assert ctx._reports[-1].compute_s < 0.1
+    assert calls.count("pause") == calls.count("resume") >= 2 * 4  # two groups, four methods each
+
+
+def test_batchnorm_layers_get_a_floor_sync_or_nothing():
+    from pdml_ray.errors import ConfigError
+    from pdml_ray.train.wrappers import batchnorm_layers, prepare_batchnorm
+
+    def net():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                   torch.nn.Flatten(), torch.nn.LazyBatchNorm1d())
+    cpu = torch.device("cpu")
+    model = net()
+    assert len(batchnorm_layers(model)) == 2
+    assert prepare_batchnorm(model, NodePriorityConfig(global_batch_size=64), cpu) == (model, 16)
+    assert prepare_batchnorm(model, NodePriorityConfig(global_batch_size=64, batchnorm_min_batch=8), cpu)[1] == 8
+    assert prepare_batchnorm(model, NodePriorityConfig(global_batch_size=64, batchnorm="local"), cpu)[1] == 0
+    assert prepare_batchnorm(_model(), NodePriorityConfig(global_batch_size=64), cpu)[1] == 0  # no BatchNorm
+    synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(4)))
+    assert batchnorm_layers(synced) == []  # global statistics: no floor needed
+    with pytest.raises(ConfigError, match="SyncBatchNorm has no CPU kernels"):
+        prepare_batchnorm(model, NodePriorityConfig(global_batch_size=64, batchnorm="sync"), cpu)
+    with pytest.raises(ValueError, match="batchnorm must be"):
+        NodePriorityConfig(global_batch_size=64, batchnorm="off")
