@@ -1,4 +1,4 @@
-"""Ray actor shells of Runtime 1 (P3 over a parameter server, ``pdml_ray.runtime.p3_ps``).
+"""Ray actor shells of the P3 parameter-server runtime (``pdml_ray.runtime.p3_ps``).
 
 - ``P3ShardActor``: an asyncio actor around ``pdml_ray.p3.shard.ShardState``. ``push`` adds one worker's
   gradient slices and returns the updated values once every worker has pushed them: each call is
@@ -42,8 +42,8 @@ class P3Shard:
         self._pulls: dict[tuple[int, int], int] = {}  # (step, slice) -> workers that have taken it
 
     async def configure(self, shard: int, num_shards: int, plan: SlicePlan, initial_layers: list[Tensor],
-                        num_workers: int, sgd: SGDSettings) -> int:
-        self.state = ShardState(shard, num_shards, plan, initial_layers, num_workers, sgd)
+                        num_workers: int, sgd: SGDSettings, momentum_layers: list[Tensor] | None = None) -> int:
+        self.state = ShardState(shard, num_shards, plan, initial_layers, num_workers, sgd, momentum_layers)
         self._events, self._done, self._pulls = {}, {}, {}
         return len(self.state.slices)
 
@@ -74,6 +74,10 @@ class P3Shard:
             return {}
         return {sid: self.state.value(sid) for sid in self.state.values}
 
+    async def momentum(self) -> dict[int, Tensor]:
+        """The SGD momentum buffer of every slice this shard holds that has one."""
+        return self.state.momentum() if self.state is not None else {}
+
 
 class RayShardTransport:
     """``pdml_ray.p3.shard.ShardTransport`` over shard actor handles."""
@@ -95,10 +99,17 @@ class RayP3PSWorker(P3PSWorker):
         super().__init__(worker, model, loss_fn, x, y, batches, RayShardTransport(shards), len(shards), num_threads=1,
                          **kwargs)
 
-    def train_and_parameters(self) -> tuple[WorkerRun, Tensor]:
-        """Every step; the measurements and this replica's final parameters (one flat vector)."""
-        run = self.train()
-        return run, self.parameters_vector()
+    def train_segment(self, first_step: int, stop_step: int) -> tuple[float, float, float] | None:
+        """Steps ``first_step`` .. ``stop_step - 1`` (the links stay open for the next segment); what this
+        worker's link was over them (``P3PSWorker.link_measurement``), for the scheduler's ``p3`` axis."""
+        self.train(first_step, stop_step, close=False)
+        return self.link_measurement(first_step, stop_step)
+
+    def finish(self) -> tuple[WorkerRun, Tensor]:
+        """After the last segment: close the links; the measurements and this replica's final parameters
+        (one flat vector)."""
+        self.close()
+        return self.run, self.parameters_vector()
 
 
 P3ShardActor = ray.remote(P3Shard)

@@ -9,7 +9,8 @@ all-reduce runtime (``pdml_ray.train.p3_sync``) and the parameter-server runtime
     sweep.py     P3 / FIFO / per-layer FIFO / bucketed over comm/compute ratios (python -m pdml_ray.p3.sweep)
     models.py    layer lists of VGG-19, ResNet-50, a GPT-style stack
     auto.py      slice size and credit from the measured link (rule, then a simulated search)
-    ps.py        Runtime 1's core: parameter-server shards and P3 workers (hooks, EMULATED links)
+    ps.py        the parameter-server runtime's workers (hooks, EMULATED links)
+    shard.py     its shards (sliced SGD) and how workers reach them
 
 ``python -m pdml_ray.p3.sweep`` prints P3 / FIFO / bucketed iteration times (bandwidth EMULATED).
 """

@@ -1,4 +1,5 @@
-"""Runtime 1's core, without Ray: P3 as published, over a parameter server (Jayarajan et al., 2019).
+"""The P3 parameter-server runtime's core (``pdml_ray.runtime.p3_ps`` drives it), without Ray: P3 as
+published, over a parameter server (Jayarajan et al., 2019).
 
 The worker side; the shards' side is ``pdml_ray.p3.shard`` (``ShardState``, the ``ShardTransport`` to it,
 and ``LocalShardTransport`` for one process). The Ray shells (``pdml_ray.actors.p3_ps``) wrap both, and
@@ -57,6 +58,7 @@ import functools
 import gc
 import heapq
 import itertools
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -189,17 +191,24 @@ class P3PSWorker:
             t.start()
 
     # ---- the training loop ------------------------------------------------------------------------
-    def train(self) -> WorkerRun:
-        """Every step of ``batches``; returns the measurements once the last update is applied.
+    def train(self, first_step: int = 0, stop_step: int | None = None, *, close: bool = True) -> WorkerRun:
+        """Steps ``first_step`` .. ``stop_step - 1`` of ``batches`` (all of them by default); returns the
+        measurements (of every step so far) once the last update is applied. ``close=False`` keeps the
+        links and hooks for a later call: the runtime's decision boundaries, where ``replan`` may change
+        the slicing in between.
 
         The objects alive at the start (Ray's and torch's modules, the model, the data set) are frozen
         out of Python's garbage collector for the run (``gc.freeze``), as Megatron-LM's manual GC does
         for the same reason: a full collection scanning them took 100-140 ms in a worker actor, a
         stall in one step of eight that the other worker, waiting at the shards, shared."""
+        stop_step = len(self.batches) if stop_step is None else stop_step
+        if not 0 <= first_step <= stop_step <= len(self.batches):
+            raise UsageError(f"steps {first_step}..{stop_step} are not within the {len(self.batches)} batches")
         gc.collect()
         gc.freeze()  # what exists now (modules, model, data) is left out of later collections: see ``train``
         try:
-            for step, (first, rows, weight) in enumerate(self.batches):
+            for step in range(first_step, stop_step):
+                first, rows, weight = self.batches[step]
                 self.run.step_starts.append(time.perf_counter())
                 self._wait_s = 0.0
                 self._weight = weight
@@ -217,7 +226,39 @@ class P3PSWorker:
             return self.run
         finally:
             gc.unfreeze()
-            self.close()
+            if close:
+                self.close()
+
+    def replan(self, slice_elements: int, credit_bytes: float | None) -> None:
+        """Slice at ``slice_elements`` with window ``credit_bytes`` from the next ``train`` call on (between
+        calls: every update applied, nothing queued). The shards must be re-sliced alike."""
+        with self._cond:
+            if self._up.pending or self._up.in_flight_bytes or self._down.pending or self._down.in_flight_bytes:
+                raise PlanError(f"worker {self.worker}: replan with messages still queued (call it between train calls)")
+            self.plan = plan_slices(self.plan.layer_numels, slice_elements)
+            self.plan.validate()
+            self.credit_bytes = (credit_bytes or 1.0) if self.policy == "p3" else None
+            self._up = make_queue(self.policy, self.plan, self.credit_bytes, self.bucket_bytes)
+            self._down = make_queue(self.policy, self.plan, self.credit_bytes, self.bucket_bytes)
+
+    def link_measurement(self, first_step: int, stop_step: int) -> tuple[float, float, float] | None:
+        """What this worker's link was over steps ``first_step`` .. ``stop_step - 1``, as the ``p3`` axis takes
+        it: (bandwidth bytes/s, one-way latency s, per-message overhead s). With an EMULATED link, the
+        link model's own figures; without one, the bandwidth its pushes and pulls achieved (a step's
+        bytes over the median span from its first push to its last pulled answer: the shards' work and
+        the other workers' pushes included, as this worker sees them), latency and overhead not
+        measured (0). None when no step of the range moved any slice."""
+        if self.link_model is not None:
+            return (self.link_model.bandwidth_Bps, self.link_model.latency_s, self.link_model.overhead_s)
+        spans = []
+        for step in range(first_step, stop_step):
+            pushed = [t for kind, s, _, t in self.run.timeline if kind == "pushed" and s == step]
+            pulled = [t for kind, s, _, t in self.run.timeline if kind == "pulled" and s == step]
+            if pushed and pulled and max(pulled) > min(pushed):
+                spans.append(max(pulled) - min(pushed))
+        if not spans:
+            return None
+        return (self.plan.total_bytes / statistics.median(spans), 0.0, 0.0)
 
     def parameters_vector(self) -> Tensor:
         return torch.cat([p.detach().reshape(-1) for ps in self.layer_params for p in ps])

@@ -1,4 +1,5 @@
-"""Runtime 1's core, without Ray: the parameter-server side of P3 (``pdml_ray.p3.ps`` is the workers').
+"""The P3 parameter-server runtime's core, without Ray: the shards' side (``pdml_ray.p3.ps`` is the
+workers').
 
 - ``ShardState``: one parameter-server shard. It owns the slices ``shard_of`` gives it (round-robin
   over the plan's slices, so every shard holds a share of every large layer), their values and one
@@ -50,7 +51,9 @@ class ShardState:
     """One parameter-server shard: slices ``{i : shard_of(i, num_shards) == shard}`` of ``plan``."""
 
     def __init__(self, shard: int, num_shards: int, plan: SlicePlan, initial_layers: Sequence[Tensor],
-                 num_workers: int, sgd: SGDSettings) -> None:
+                 num_workers: int, sgd: SGDSettings, momentum_layers: Sequence[Tensor] | None = None) -> None:
+        """``initial_layers``: each layer's parameters, flat; ``momentum_layers``: each layer's SGD momentum
+        buffer, flat, to continue from (a run re-sliced at a decision boundary), or None: none yet."""
         if not 0 <= shard < num_shards or num_workers < 1:
             raise ConfigError(f"shard {shard} of {num_shards} with {num_workers} workers is not a valid layout")
         self.shard, self.num_workers = shard, num_workers
@@ -59,6 +62,10 @@ class ShardState:
                        for s in self.slices}
         self.optimizer = torch.optim.SGD(list(self.values.values()), lr=sgd.lr, momentum=sgd.momentum,
                                          weight_decay=sgd.weight_decay) if self.values else None
+        if momentum_layers is not None and self.optimizer is not None:
+            for s in self.slices:
+                self.optimizer.state[self.values[s.index]]["momentum_buffer"] = (
+                    momentum_layers[s.layer][s.start:s.stop].detach().clone().float())
         self._sums: dict[tuple[int, int], Tensor] = {}  # (step, slice) -> sum of weighted gradients, float64
         self._pushed: dict[tuple[int, int], set[int]] = {}  # (step, slice) -> workers that pushed it
         self.updates = 0
@@ -99,6 +106,14 @@ class ShardState:
 
     def value(self, sid: int) -> Tensor:
         return self.values[sid].detach().clone()
+
+    def momentum(self) -> dict[int, Tensor]:
+        """Each held slice's SGD momentum buffer (those that have one: momentum > 0, updated at least once)."""
+        if self.optimizer is None:
+            return {}
+        state = self.optimizer.state
+        return {sid: state[p]["momentum_buffer"].detach().clone() for sid, p in self.values.items()
+                if "momentum_buffer" in state.get(p, {})}
 
 
 class ShardTransport(Protocol):

@@ -67,7 +67,7 @@ def simulate_iteration(profile: ModelProfile, policy: str, uplink: LinkModel, do
 
     ``allreduce``: no server and no pull; a message's arrival is its reduction's completion (give the
     uplink the all-reduce's effective rate, e.g. bandwidth / (2 (n - 1) / n) for a ring). This is the
-    upper bound of Runtime 2 (``pdml_ray.train.p3_sync``), which fixes the order in advance."""
+    upper bound of the all-reduce runtime (``pdml_ray.train.p3_sync``), which fixes the order in advance."""
     plan = plan_slices(profile.numels, slice_elements, profile.element_size)
     plan.validate()
     credit = credit_bytes if policy == "p3" else None

@@ -1,4 +1,4 @@
-"""Runtime 2: P3 ordering for all-reduce users in the Ray Train path.
+"""The P3 all-reduce runtime: P3 ordering for all-reduce users in the Ray Train path.
 
     model, p3 = p3_sync.prepare(ctx, model, torch.optim.SGD(model.parameters(), lr=0.1))
     for batch in ctx.epoch(epoch, n):

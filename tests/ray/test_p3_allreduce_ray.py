@@ -1,4 +1,4 @@
-"""Runtime 2, P3 ordering for all-reduce: through real Ray Train workers (gloo, 2 ranks, node priorities
+"""The P3 all-reduce runtime (p3_sync): through real Ray Train workers (gloo, 2 ranks, node priorities
 with EMULATED speeds [1.0, 0.4] so the batches are unequal, an EMULATED 0.1 Gb/s link), P3 order and
 FIFO order (and DDP-like buckets) give the parameters of single-process training on the same global batches (1e-5), and the
 next forward's first layer starts before the last slice of the previous step is reduced.

@@ -1,13 +1,19 @@
-"""Runtime 1, P3 over parameter-server shards on Ray actors: 2 workers with unequal shares of each
-global batch, 3 shards (slices round-robin), an EMULATED slow link. P3, FIFO and bucketed orders give
+"""The P3 parameter-server runtime (p3_ps) on Ray actors: 2 workers with unequal shares of each global
+batch, 3 shards (slices round-robin), an EMULATED slow link. P3, FIFO and bucketed orders give
 the parameters of single-process SGD on the same global batches (1e-5), and with P3 the next
-forward's first layer starts before the last updated slice of the previous step has arrived."""
+forward's first layer starts before the last updated slice of the previous step has arrived. Each run is a
+client of its own scheduler actor, whose p3 axis shows the slicing the run ran (``pdml-ray status --json``'s
+record); with ``auto`` the axis re-slices the run at a decision boundary from the links the workers
+measured, and the parameters are still single-process SGD's (momentum carried over)."""
+
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pdml_ray.config import P3Config
+from pdml_ray.cli.status import render
+from pdml_ray.config import P3Config, PDMLConfig
 from pdml_ray.p3.shard import SGDSettings
 from pdml_ray.runtime.p3_ps import P3ParameterServer
 
@@ -50,10 +56,14 @@ def results(ray_local):
             config = P3Config(policy=policy, slice_elements=8_000, bucket_bytes=100_000, emulated_bandwidth_gbps=0.02)
             out[policy] = ps.run(uneven_mlp(), F.cross_entropy, x, y, batch_sizes=SIZES, steps=STEPS, sgd=SGD,
                                  config=config)
+        # auto: the rule's slicing from the EMULATED link the first segment measured, from the boundary at step 4
+        auto = PDMLConfig(p3=P3Config(auto=True, slice_elements=8_000, emulated_bandwidth_gbps=0.02),
+                          decision_interval=2)
+        out["auto"] = ps.run(uneven_mlp(), F.cross_entropy, x, y, batch_sizes=SIZES, steps=STEPS, sgd=SGD, config=auto)
     return out
 
 
-@pytest.mark.parametrize("policy", ["p3", "fifo", "bucketed"])
+@pytest.mark.parametrize("policy", ["p3", "fifo", "bucketed", "auto"])
 def test_every_order_trains_the_single_process_parameters(results, policy):
     want = reference()
     result = results[policy]
@@ -74,3 +84,36 @@ def test_p3_forward_of_layer_0_starts_before_the_last_slice_arrives(results):
             last = max(t for kind, s, i, t in run.timeline if kind == "arrived" and s == step - 1)
             overlapped += forward0 < last
     assert overlapped >= 2 * (STEPS - 1) - 2  # nearly every step of both workers
+
+
+def _status_p3(result) -> dict:
+    """The run's p3 axis as ``pdml-ray status --json`` renders its scheduler's stats record."""
+    name = result.scheduler_name
+    return json.loads(render({name: result.scheduler_stats}, as_json=True))["schedulers"][name]["derivers"]["p3"]
+
+
+def test_each_run_shows_its_p3_axis_with_the_slicing_it_ran(results):
+    result = results["p3"]
+    assert result.scheduler_name.startswith("pdml-p3ps-")
+    [ran] = result.decisions  # auto off: the config's slicing, published unchanged, the whole run
+    assert (ran.version, ran.effective_step, ran.method, ran.slice_elements, ran.credit_bytes) == (0, 0, "config", 8_000,
+                                                                                                  4 * 8_000 * 4)
+    axis = _status_p3(result)
+    assert (axis["slice_elements"], axis["credit_bytes"], axis["method"], axis["policy"]) == (8_000, 128_000, "config",
+                                                                                             "p3")
+    # the run's one segment: both workers' EMULATED links (0.02 Gb/s) observed once at its end
+    assert axis["observations"] == 1 and axis["bandwidth_Bps"] == pytest.approx(0.02e9 / 8)
+
+
+def test_auto_re_slices_the_run_at_a_boundary_with_the_rule_s_choice(results):
+    result = results["auto"]
+    first, tuned = result.decisions
+    assert (first.method, first.slice_elements, first.effective_step) == ("config", 8_000, 0)
+    # measured over steps 0-1, requested at the boundary at 2, applied at 4: fetched a segment ahead
+    assert (tuned.method, tuned.version, tuned.effective_step) == ("rule", 1, 4)
+    # no latency or per-message overhead: the smallest slice, and a window of two
+    assert (tuned.slice_elements, tuned.credit_bytes) == (4_096, 2 * 4_096 * 4)
+    assert tuned.bandwidth_Bps == pytest.approx(0.02e9 / 8)
+    axis = _status_p3(result)
+    assert (axis["slice_elements"], axis["method"], axis["decisions"], axis["auto"]) == (4_096, "rule", 1, True)
+    assert axis["observations"] == 3  # one per segment of two steps

@@ -143,3 +143,20 @@ def test_the_axis_replays_exactly_from_the_input_log():
     published = [d["p3"] for d in decided if "p3" in d]
     assert [d["version"] for d in published] == [0, 1, 2, 3]
     assert published[-1] == s.decision("p3").to_dict()
+
+
+def test_the_parameter_server_s_client_fetches_each_decision_a_segment_ahead_in_process():
+    from pdml_ray.runtime.p3_ps import P3Decisions
+
+    client = P3Decisions(PDMLConfig(p3=P3Config(auto=True), decision_interval=2), 2, in_process=True)
+    assert client.scheduler_name is None
+    assert client.first().method == "config"
+    client.request(2)  # at boundary 0, nothing measured yet
+    client.observe(1, [(GBPS_1, 0.0, 20e-6), (2 * GBPS_1, 0.0, 20e-6)])  # after segment 0
+    assert client.take(2) is None  # decided before the measurement: the config stands
+    client.request(4)
+    tuned = client.take(4)
+    assert tuned is not None and tuned.effective_step == 4 and tuned.slice_elements == 31_744
+    assert [d.version for d in client.ran] == [0, 1]
+    assert client.stats().derivers["p3"].observations == 1
+    client.close()  # in-process: nothing to end

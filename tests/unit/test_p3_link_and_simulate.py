@@ -108,7 +108,7 @@ def test_the_sweep_shows_p3_gaining_at_comm_equal_compute_on_real_models():
         assert even.p3_vs_fifo <= 0.8, even  # the target for the parameter server at comm ~ compute
     assert "EMULATED" in format_sweep(rows)
     even_allreduce = sweep(vgg19(), ratios=(1.0,), auto=False, allreduce=True)[0]
-    assert even_allreduce.p3_vs_fifo <= 0.8  # the best a fixed P3 order can do for all-reduce (Runtime 2)
+    assert even_allreduce.p3_vs_fifo <= 0.8  # the best a fixed P3 order can do for all-reduce (p3_sync)
 
 
 def test_send_order_preempts_with_the_credit_and_keeps_backward_order_for_fifo():

@@ -1,4 +1,4 @@
-"""Runtime 1's core without Ray: shards (round-robin slices, sliced SGD) and P3 workers in threads over
+"""The P3 parameter-server runtime's core without Ray: shards (round-robin slices, sliced SGD) and P3 workers in threads over
 ``LocalShardTransport`` train the same parameters as single-process SGD on the same global batches, under
 every send policy; an EMULATED slow link makes P3's forward of layer 0 start before the last update
 arrives."""
@@ -14,7 +14,7 @@ from pdml_ray.errors import PlanError
 from pdml_ray.p3.link import LinkModel
 from pdml_ray.p3.ps import P3PSWorker, layer_plan, model_layers
 from pdml_ray.p3.shard import LocalShardTransport, SGDSettings, ShardState, shard_of
-from pdml_ray.p3.slicing import flatten_layer
+from pdml_ray.p3.slicing import flatten_layer, reassemble
 
 STEPS, SIZES = 5, (20, 12)  # global batch 32, unequal shares
 
@@ -158,3 +158,59 @@ def test_a_shard_refuses_a_double_push_and_a_foreign_slice():
     with pytest.raises(PlanError, match="does not hold"):
         shard.push(0, 1, [1], [torch.zeros(plan.slices[1].numel)])
     assert shard.push(0, 1, [0], [torch.ones(plan.slices[0].numel)]) == [0]
+
+
+@pytest.mark.parametrize("policy", ["p3", "bucketed"])
+def test_a_run_re_sliced_between_segments_keeps_the_single_process_parameters(policy):
+    """What the runtime does at a decision boundary: workers train a segment with their links open, the
+    shards are rebuilt on a new slicing from their values and SGD momentum, the workers re-plan, and the
+    rest of the run trains the parameters of one uninterrupted SGD (momentum 0.9)."""
+    x, y = data()
+    sgd = SGDSettings(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    plan = layer_plan(small_model(), 300)
+    layers = [flatten_layer(ps) for _, _, ps in model_layers(small_model())]
+    transport = LocalShardTransport([ShardState(s, 2, plan, layers, len(SIZES), sgd) for s in range(2)])
+    workers = [P3PSWorker(w, small_model(), F.cross_entropy, x, y, batches(w), transport, 2, policy=policy,
+                          slice_elements=300, bucket_bytes=2000, link=LinkModel(bandwidth_Bps=2e7), credit_bytes=2400)
+               for w in range(len(SIZES))]
+
+    def segment(first: int, stop: int, close: bool) -> list:
+        links = [None] * len(workers)
+
+        def go(w: int) -> None:
+            workers[w].train(first, stop, close=close)
+            links[w] = workers[w].link_measurement(first, stop)
+
+        threads = [threading.Thread(target=go, args=(w,)) for w in range(len(workers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return links
+
+    links = segment(0, 2, close=False)
+    assert links == [(2e7, 0.0, 0.0)] * 2  # the EMULATED link's own figures
+    values = {i: v for shard in transport.shards for i, v in ((i, shard.value(i)) for i in shard.values)}
+    momentum = {i: m for shard in transport.shards for i, m in shard.momentum().items()}
+    assert len(momentum) == len(plan.slices)  # every slice was updated: every slice has its buffer
+    new_plan = layer_plan(small_model(), 128)
+    transport.shards = [ShardState(s, 2, new_plan, reassemble(plan, [values[i] for i in range(len(plan.slices))]),
+                                   len(SIZES), sgd, reassemble(plan, [momentum[i] for i in range(len(plan.slices))]))
+                        for s in range(2)]
+    for w in workers:
+        w.replan(128, 2 * 128 * 4)
+    segment(2, STEPS, close=True)
+    want = reference()
+    for w in workers:
+        assert w.plan.slice_elements == 128 and len(w.plan.slices) == len(new_plan.slices) > len(plan.slices)
+        assert (w.parameters_vector() - want).abs().max().item() < 1e-5
+    assert len(workers[0].run.step_starts) == STEPS
+
+
+def test_without_an_emulated_link_the_measured_bandwidth_is_a_step_s_bytes_over_its_push_to_pull_span():
+    workers, _, runs = train_ps("fifo", num_shards=2, answer_delay_s=0.05)  # every answer >= 50 ms late
+    bandwidth, latency, overhead = workers[0].link_measurement(0, STEPS)
+    assert (latency, overhead) == (0.0, 0.0)  # not measured
+    # the span of a step is at least the answers' 50 ms: the rate at most the step's bytes over that
+    assert 0 < bandwidth <= workers[0].plan.total_bytes / 0.05
+    assert workers[0].link_measurement(STEPS, STEPS) is None  # no step: nothing measured
