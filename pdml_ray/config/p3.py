@@ -35,8 +35,9 @@ class P3Config:
     bucket_bytes: int = 25 * 1024 * 1024
     """Bucket size of the ``bucketed`` baseline (DDP's ``bucket_cap_mb=25``)."""
     auto: bool = False
-    """Pick ``slice_elements`` and ``credit_bytes`` from the measured (or EMULATED) bandwidth and latency
-    (``pdml_ray.p3.auto.tune``) and report the choice; the two fields above are then ignored."""
+    """Let the run's scheduler (its ``p3`` axis, ``pdml_ray.priority.p3``) pick ``slice_elements`` and
+    ``credit_bytes`` from the bandwidth and latency the runtime measured (or EMULATES), by the rule of
+    ``pdml_ray.p3.auto``; the two fields above hold until it has, and ``pdml-ray status`` shows the choice."""
     emulated_bandwidth_gbps: float | None = None
     """EMULATE a link of this many Gb/s: every message is delayed to arrive when it would over it (one
     machine then shows what a slower network would do). None: the real network, unmodified."""
