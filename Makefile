@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdml-installed
 
-.PHONY: venv demo test unit bench-quick clean
+.PHONY: venv demo test unit bench-quick gpu-check clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,12 @@ bench-quick: venv
 	$(VENV)/bin/pdml-ray bench hetero --quick --json results/hetero.json
 	$(VENV)/bin/pdml-ray bench sampling --quick --json results/sampling.json
 	$(VENV)/bin/pdml-ray bench pipeline --quick --json results/pipeline.json
+
+# The one check for a machine with GPUs (never part of `make test`): every GPU test and
+# examples/gpu_check.py, one JSON in results/gpu_check.json. It builds the venv with the CUDA build of
+# torch itself; without a GPU it says so, installs nothing and exits 0. See docs/gpu_cluster.md.
+gpu-check:
+	sh scripts/gpu_check.sh results/gpu_check.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info results

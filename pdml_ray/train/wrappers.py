@@ -19,6 +19,10 @@ the mean gradient over the global batch. How each wrapper gets there:
   (otherwise a fast rank's time holds its wait for a slow one and the shares drift towards equal).
   FSDP2 has no public hook there; the brackets wrap those methods of each ``FSDPParamGroup`` (torch
   2.13), and where they are missing the compute time includes the collectives (``timed_comm`` False).
+- **A plain module** is wrapped in DDP (as ``ray.train.torch.prepare_model`` does) and gets the
+  hook. pdml-ray's own bucketed weighted all-reduce was removed: side by side with DDP's hook it did
+  not measurably win (``bench hetero``: speedup 1.87 vs 1.80, inside the repeats' spread), and DDP
+  brings buffers, ``no_sync`` and years of tuning.
 
 **Collectives inside DDP's forward.** DDP broadcasts rank 0's buffers (BatchNorm's running statistics)
 at the start of every forward, a collective that waits for rank 0: the time between DDP's forward and
@@ -29,11 +33,9 @@ batch (torch's ``_BatchNorm``, not ``SyncBatchNorm``) see ``b_i`` samples, not B
 slow worker's few samples would normalise by noise. ``prepare_batchnorm`` finds them; by default
 (``"floor"``) it returns a floor, ``batchnorm_min_batch``, that the context announces to the scheduler
 and every decision then keeps; ``"sync"`` converts them to ``SyncBatchNorm`` (statistics over the global
-batch, GPUs only), which needs no floor.
-- **A plain module** is wrapped in DDP (as ``ray.train.torch.prepare_model`` does) and gets the
-  hook. pdml-ray's own bucketed weighted all-reduce was removed: side by side with DDP's hook it did
-  not measurably win (``bench hetero``: speedup 1.87 vs 1.80, inside the repeats' spread), and DDP
-  brings buffers, ``no_sync`` and years of tuning.
+batch, GPUs only), which needs no floor. With ``SyncBatchNorm`` in a DDP model the weight ``w_i`` goes
+on the loss instead of the buckets (``DDPHook.loss_scale``): SyncBatchNorm's backward sums the ranks'
+output gradients, which are then exactly the global batch's.
 
 **Non-finite losses** (``step.loss``, ``NodePriorityConfig.check_nonfinite``): a rank whose loss is
 NaN or infinite contributes nothing to the step, and the others' weights are renormalised over the
@@ -164,6 +166,8 @@ class DDPHook(GradientCombiner):
         self._launch = 0.0
         self._launch_before_end: float | None = None
         self._grad_sq: torch.Tensor | None = None  # sum over this step's buckets of the local squared norm
+        self.scale_loss = any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
+        """The weight goes on the loss, the buckets are summed as they are (SyncBatchNorm: see below)."""
         # DDP's forward broadcasts rank 0's buffers before the user module runs: not compute
         model.register_forward_pre_hook(lambda module, args: self.pause())
         model.module.register_forward_pre_hook(lambda module, args: self.resume())
@@ -187,8 +191,11 @@ class DDPHook(GradientCombiner):
         tensor = bucket.buffer()
         # this rank's own gradient, before weighting and all-reduce: one norm per bucket, on the device
         norm = torch.linalg.vector_norm(tensor, dtype=torch.float32)
+        if state.scale_loss:  # the bucket already carries w_i (from the loss): the norm of g_i is this / w_i
+            norm = norm / state.weight if state.weight > 0 else norm
         state._grad_sq = norm * norm if state._grad_sq is None else state._grad_sq + norm * norm
-        tensor.mul_(state.weight)
+        if not state.scale_loss:
+            tensor.mul_(state.weight)
         if state._ok is None:  # no guard this step (step.loss not called, or check_nonfinite off)
             future = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
             state._launch += time.perf_counter() - t0
@@ -228,6 +235,12 @@ class DDPHook(GradientCombiner):
             return reduced
 
         return future.then(renormalise)
+
+    def loss_scale(self, weight: float) -> float:
+        """``w_i`` on the loss with SyncBatchNorm (its backward sums every rank's output gradients across
+        ranks, so they must already carry the global batch's ``1 / B``: weighting each rank's parameter
+        gradients afterwards would leave the cross-rank terms at ``1 / b_j``); 1.0 otherwise."""
+        return weight if self.scale_loss else 1.0
 
     def begin(self, weight: float) -> None:
         self.weight, self._last_ready, self._launch, self._launch_before_end = weight, None, 0.0, None

@@ -306,3 +306,24 @@ def test_batchnorm_layers_get_a_floor_sync_or_nothing():
         prepare_batchnorm(model, NodePriorityConfig(global_batch_size=64, batchnorm="sync"), cpu)
     with pytest.raises(ValueError, match="batchnorm must be"):
         NodePriorityConfig(global_batch_size=64, batchnorm="off")
+
+
+
+def test_with_syncbatchnorm_the_weight_goes_on_the_loss_not_on_the_buckets(gloo):
+    """SyncBatchNorm's backward sums every rank's output gradients, so they must carry 1 / B already:
+    the hook then sums the buckets as they are and ``step.loss`` scales by w_i. The rank's gradient is
+    still w_i times its own mean gradient, and the local gradient norm is that of its own gradient. (DDP
+    refuses SyncBatchNorm on a CPU: the mode is switched on by hand here; the GPU check converts a model.)"""
+    x, y = torch.randn(12, 8), torch.randint(0, 3, (12,))
+    ctx = _ctx()
+    model = ctx.prepare_model(_model())
+    assert not ctx._combiner.scale_loss and ctx._combiner.loss_scale(0.25) == 1.0  # no SyncBatchNorm: buckets
+    ctx._combiner.scale_loss = True
+    assert ctx._combiner.loss_scale(0.25) == 0.25
+    with ctx.step(_batch(weight=0.25)) as step:
+        step.loss(F.cross_entropy(model(x), y, reduction="none")).backward()
+    reference = _reference_grads(x, y)
+    for p, g in zip(model.parameters(), reference):
+        torch.testing.assert_close(p.grad, 0.25 * g)
+    norm = torch.linalg.vector_norm(torch.cat([g.flatten() for g in reference]))
+    assert ctx._combiner.local_grad_norm().item() == pytest.approx(norm.item(), rel=1e-5)
