@@ -442,9 +442,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     config = P3Config(policy=policy, slice_elements=slice_elements,
                                                       bucket_bytes=bucket_bytes, credit_bytes=credit,
                                                       emulated_bandwidth_gbps=gbps, ps_transfer=args.ps_transfer)
+                                    # the run's p3 axis in this process: a scheduler actor per run would add
+                                    # its start-up (seconds) to every run, and the axis is off the step's path
                                     times[policy].append(ps.run(model, F.cross_entropy, x, y, batch_sizes=sizes,
                                                                 steps=ps_steps, sgd=sgd, config=config,
-                                                                compute_sleep_s=layer_sleep).iteration_s)
+                                                                compute_sleep_s=layer_sleep,
+                                                                in_process_scheduler=True).iteration_s)
                             simulated = _simulated(model, compute_s, bandwidth_Bps, slice_elements, bucket_bytes,
                                                    effective_credit)
                             row = {**make_row("parameter-server", ratio, bandwidth_Bps, compute_s,

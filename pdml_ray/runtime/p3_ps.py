@@ -32,8 +32,8 @@ the shards' own NIC (each worker's link is the bottleneck).
 **The run's scheduler.** Slice size and credit come from the ``p3`` axis of the run's scheduler
 (``pdml_ray.priority.p3``), reached through ``SchedulerClient``: by default a scheduler actor named for
 the run (``pdml-ray status`` and the metrics show it while the run trains; ended with the run), or in
-this process (``in_process_scheduler=True``: the same calls, answered synchronously). The decision in
-force at step 0 is the config's own (fetched before the first step). With ``P3Config.auto`` the run
+this process (``run(..., in_process_scheduler=True)``: the same calls, answered synchronously). The
+decision in force at step 0 is the config's own (fetched before the first step). With ``P3Config.auto`` the run
 goes in segments of ``PDMLConfig.decision_interval`` steps: after each, the workers' measured links go
 to the axis (``observe``) with a request for the decision of the boundary after next, which the
 scheduler derives while the next segment trains; at that boundary a new slice size or credit is
@@ -186,16 +186,14 @@ class P3Decisions:
 
 class P3ParameterServer:
     """``num_workers`` worker actors and ``num_shards`` shard actors, reused across ``run`` calls; each run
-    a client of its own scheduler (an actor, or ``in_process_scheduler=True``)."""
+    a client of its own scheduler (an actor, or in-process: ``run(..., in_process_scheduler=True)``)."""
 
     def __init__(self, num_workers: int = 2, num_shards: int = 2, *, name_prefix: str | None = None,
-                 num_cpus_per_actor: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS,
-                 in_process_scheduler: bool = False) -> None:
+                 num_cpus_per_actor: float = DEFAULT_GRADIENT_WORKER_NUM_CPUS) -> None:
         if not ray.is_initialized():
             raise UsageError("P3ParameterServer needs a running Ray cluster: call ray.init() first")
         if num_workers < 1 or num_shards < 1:
             raise ConfigError(f"need >= 1 worker and >= 1 shard, got {num_workers} and {num_shards}")
-        self.in_process_scheduler = in_process_scheduler
         self.workers = [launch_p3_worker(i, name_prefix=name_prefix, num_cpus=num_cpus_per_actor)
                         for i in range(num_workers)]
         self.shards = [launch_p3_shard(i, name_prefix=name_prefix, num_cpus=num_cpus_per_actor)
@@ -203,11 +201,14 @@ class P3ParameterServer:
 
     def run(self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, *, batch_sizes: Sequence[int],
             steps: int, sgd: SGDSettings, config: P3Config | PDMLConfig, timeout_s: float = 300.0,
-            compute_sleep_s: list[tuple[float, float]] | None = None) -> P3PSResult:
+            compute_sleep_s: list[tuple[float, float]] | None = None,
+            in_process_scheduler: bool = False) -> P3PSResult:
         """``steps`` steps of ``model`` (left unchanged; every actor gets a copy) under ``config`` (a
         ``P3Config``, or a ``PDMLConfig`` with its ``p3`` section: its ``decision_interval`` times the
         boundaries of ``auto``); ``compute_sleep_s``: per layer (forward, backward) seconds of EMULATED
-        compute (``P3PSWorker``)."""
+        compute (``P3PSWorker``). The run's scheduler is an actor (``pdml-ray status`` shows it while the run
+        trains; starting it costs seconds: a new Ray worker process, 7-10 s on a loaded 2-core machine), or
+        with ``in_process_scheduler`` this process's (the same calls, answered synchronously)."""
         pdml = config if isinstance(config, PDMLConfig) else PDMLConfig(p3=config)
         p3 = pdml.p3
         if p3 is None:
@@ -217,7 +218,7 @@ class P3ParameterServer:
         if steps * sum(batch_sizes) > len(x):
             raise ConfigError(f"{steps} steps of {sum(batch_sizes)} samples need {steps * sum(batch_sizes)} rows, "
                               f"the data set has {len(x)}")
-        decisions = P3Decisions(pdml, len(self.workers), in_process=self.in_process_scheduler)
+        decisions = P3Decisions(pdml, len(self.workers), in_process=in_process_scheduler)
         try:
             decision = decisions.first()
             plan = layer_plan(model, decision.slice_elements, p3.element_size)

@@ -54,8 +54,9 @@ def results(ray_local):
         for policy in ("p3", "fifo", "bucketed"):
             # 71k parameters = 285 KB at 0.02 Gb/s: ~115 ms per direction per step (EMULATED)
             config = P3Config(policy=policy, slice_elements=8_000, bucket_bytes=100_000, emulated_bandwidth_gbps=0.02)
+            # the baselines' schedulers in this process: an actor costs seconds to start, and p3's shows the path
             out[policy] = ps.run(uneven_mlp(), F.cross_entropy, x, y, batch_sizes=SIZES, steps=STEPS, sgd=SGD,
-                                 config=config)
+                                 config=config, in_process_scheduler=policy != "p3")
         # auto: the rule's slicing from the EMULATED link the first segment measured, from the boundary at step 4
         auto = PDMLConfig(p3=P3Config(auto=True, slice_elements=8_000, emulated_bandwidth_gbps=0.02),
                           decision_interval=2)
