@@ -110,19 +110,18 @@ class SampleDraws:
 
     def priority_draws(self, step: int) -> bool:
         """Whether plans from ``step`` follow the scores: the mode draws by priority and the pay switch,
-        judged now from ``GAIN_ITEMS`` seen samples, finds that it pays (module docstring)."""
+        judged now from ``GAIN_ITEMS`` seen samples drawn from the tree, finds that it pays (module docstring)."""
         if not self.rule.prioritised:
             return False
         if self.switch.threshold is None:
             return True
-        seen = self.num_samples - self.unseen_count
-        if seen == 0:
+        seen, total = self.num_samples - self.unseen_count, self.tree.total
+        if seen == 0 or not total > 0:  # no seen score above 0: nothing to judge by
             return self.switch.on
-        # about GAIN_ITEMS seen samples even while few are seen: draw N / seen times as many (at most 64x)
-        count = GAIN_ITEMS * min(-(-self.num_samples // seen), 64)
-        sub = self.switch_rng.integers(0, self.num_samples, size=count)
-        sub = sub[self.seen[sub]][:GAIN_ITEMS]
-        return self.switch.decide(self.scores[sub], self.num_samples * self.probabilities(sub, step))
+        # GAIN_ITEMS seen samples drawn from the tree (q ~ s^alpha), so the heavy ones are in (sample_switch)
+        sub = self.tree.draw(GAIN_ITEMS, self.switch_rng)
+        relative_q = seen * self.tree.values(sub) / total
+        return self.switch.decide(self.scores[sub], self.num_samples * self.probabilities(sub, step), relative_q)
 
     def _mass(self) -> tuple[float, float]:
         """(tree mass, unseen-group mass): sum of s^alpha over seen samples, U * M^alpha."""

@@ -115,3 +115,15 @@ def test_backprop_selector_takes_the_share_above_the_window_percentile():
     assert sel.trained == 3 and sel.forward_only == 8
     with pytest.raises(ConfigError, match="backprop_share"):
         BackpropSelector(0.0, 8)
+
+
+def test_the_gain_estimate_finds_the_few_heavy_samples_a_uniform_subsample_would_miss():
+    n = 20_000
+    scores = np.full(n, 0.001)
+    scores[:19] = 5.0  # 19 positives in 20,000: a uniform subsample of 1,024 holds about one
+    sp = _table(n, scores, pay_threshold=1.0)
+    relative_p = n * sp.probabilities(np.arange(n), 1)
+    exact = np.mean(scores**2) / np.mean(scores**2 / relative_p)
+    sp.plan(1, [128])
+    assert exact > 5 and sp.stats().predicted_gain == pytest.approx(exact, rel=0.05)
+    assert sp.stats().priority_on
