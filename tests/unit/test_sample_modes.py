@@ -127,3 +127,24 @@ def test_the_gain_estimate_finds_the_few_heavy_samples_a_uniform_subsample_would
     sp.plan(1, [128])
     assert exact > 5 and sp.stats().predicted_gain == pytest.approx(exact, rel=0.05)
     assert sp.stats().priority_on
+
+
+def test_the_deriver_feeds_the_reported_step_time_and_the_switch_shows_in_stats_and_gauges():
+    from pdml_ray.config import NodePriorityConfig, PDMLConfig
+    from pdml_ray.decisions import WorkerReport
+    from pdml_ray.priority.sample_deriver import SamplePriorityDeriver
+
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8),
+                        sample_priority=SamplePriorityConfig(pay_threshold=1.0))
+    deriver = SamplePriorityDeriver(config, 2)
+    deriver.on_dataset(100)
+    reports = [WorkerReport(worker_id=w, step=0, samples=4, compute_s=0.1, step_s=s,
+                            sample_indices=np.arange(4 * w, 4 * w + 4), sample_losses=np.ones(4, dtype=np.float32))
+               for w, s in ((0, 0.2), (1, 0.4))]
+    deriver.ingest(reports)
+    assert deriver.table.switch.step_s == pytest.approx(0.3)  # the mean of the workers' step times
+    stats = deriver.stats()
+    assert "pay switch off 0x / on 0x" in stats.summary_lines()[0]
+    names = {g.name for g in stats.gauges()}
+    assert {"pdml_sample_switches_off_total", "pdml_sample_switches_on_total", "pdml_sample_priority_on_ratio",
+            "pdml_sample_selection_seconds_total"} <= names
