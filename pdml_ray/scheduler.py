@@ -108,10 +108,43 @@ class Scheduler:
         self.inputs: InputLog | None = InputLog(config.replay_log) if config.replay_log else None
         """What this scheduler took, in order, for ``pdml_ray.replay`` (``PDMLConfig.replay_log``; None: off)."""
         self.measurements: dict[str, float] = {}  # named one-off measurements from workers (e.g. comm_s)
+        self.shapes: dict[str, Any] = {}  # the newest shape announced per axis (set_shape), kept across a resize
         for name, deriver in self.derivers.items():
             initial = deriver.initial()
             if initial is not None:
                 self._publish(name, initial, 0)
+
+    def resize(self, num_workers: int) -> None:
+        """Ray Train restarted the run's workers with another count (``ScalingConfig(num_workers=(min,
+        max))``, elastic). The node axis starts over for the new count: a fresh deriver, whose shares come
+        from the accelerator prior (each worker registers its type again as it starts, and the first
+        boundary after the restart re-derives them), its decision published at once with the next
+        version (the numbering continues). Decisions for the old count leave the history, which holds
+        only decisions this run could publish now (``load_state_dict`` checks them so). The shapes
+        announced so far (a BatchNorm floor) are announced again. The other axes do not support a
+        changing count and are refused in elastic runs (``PDMLTrainer``)."""
+        if not (isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 1):
+            raise ReportError(f"resize: num_workers must be an integer >= 1, got {shown(num_workers)}")
+        if num_workers == self.num_workers:
+            return
+        if set(self.derivers) != {"node"}:
+            raise ConfigError(f"elastic worker counts work with the node axis alone; this run enables "
+                              f"{sorted(self.derivers)}: leave the other PDMLConfig sections unset, or fix num_workers")
+        self.config.node.check_workers(num_workers)  # ConfigError naming the bound a new count breaks
+        log.info("resize: %d -> %d workers; node shares start from the accelerator prior", self.num_workers,
+                 num_workers)
+        self.num_workers = num_workers
+        self.derivers = make_derivers(self.config, num_workers)
+        for deriver in self.derivers.values():
+            deriver.bind(self.derivers)
+        for axis, shape in self.shapes.items():
+            self.derivers[axis].on_shape(shape)
+        self.history_rows = _history_rows(num_workers, _HISTORY_NUMBERS)
+        self.history = {name: deque(maxlen=d.history_rows or self.history_rows) for name, d in self.derivers.items()}
+        for name, deriver in self.derivers.items():
+            initial = deriver.initial()
+            if initial is not None:
+                self._publish(name, initial, max(self.last_step + 1, 0))
 
     # -- inputs ------------------------------------------------------------------------------------
     def register(self, worker_id: int, accelerator_type: str) -> None:
@@ -158,6 +191,7 @@ class Scheduler:
         if self.inputs is not None:
             self.inputs.record("shape", axis, dict(shape) if isinstance(shape, Mapping) else shape)
         deriver.on_shape(shape)
+        self.shapes[axis] = shape
 
     def observe(self, axis: str, step: int, rows: Sequence[Any]) -> bool:
         """One step's telemetry for axis ``axis`` beyond worker reports (the pipeline runtime: each action's

@@ -231,6 +231,11 @@ class MeteredScheduler(Scheduler):
         return {"saved": self.snapshots_saved, "generation": self._generation, "seconds": self.snapshot_s,
                 "restarts": self.restarts, "interval_s": SNAPSHOT_INTERVAL_S}
 
+    def resize(self, num_workers: int) -> None:
+        with self._lock:  # an elastic restart: no report or bundle sees a half-resized scheduler
+            super().resize(num_workers)
+            self.registered = {w for w in self.registered if w < num_workers}
+
     def register(self, worker_id: int, accelerator_type: str) -> None:
         with self._lock:
             super().register(worker_id, accelerator_type)

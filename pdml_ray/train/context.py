@@ -99,6 +99,8 @@ class PDMLContext:
         self.report_fn: Any = None  # ray.train.report, set by PDMLTrainer (this module stays free of Ray)
         # PDMLTrainer(datasets=...)'s datasets by name (``ray_data.DatasetRows``; this module stays free of Ray)
         self.datasets: dict[str, Any] = {}
+        self.elastic = False  # PDMLTrainer(num_workers=(min, max)): a checkpoint may hold another worker count
+        self._startup_boundary = False  # a boundary at the first step after an elastic resize (load_scheduler_state)
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
         self._combiner: GradientCombiner | None = None
@@ -319,7 +321,7 @@ class PDMLContext:
         """Start of a step: decisions effective from it take over; at a boundary, fetch new ones."""
         while self._upcoming and self._upcoming[0].effective_step <= self.global_step:
             self._in_force(self._upcoming.pop(0))
-        if self.global_step % self.config.decision_interval == 0:
+        if self.global_step % self.config.decision_interval == 0 or self._startup_boundary:
             self._boundary()
 
     def _in_force(self, decision: NodeDecision) -> None:
@@ -358,10 +360,11 @@ class PDMLContext:
         t0 = time.perf_counter()
         bundle = None
         if self.rank == 0 and self.client is not None:
-            first = self.global_step == 0  # start-up: may wait briefly, the step has not begun
+            # start-up (or the first step after an elastic resize): may wait briefly, the step has not begun
+            first = self.global_step == 0 or self._startup_boundary
             bundle = self.client.poll(block_s=10.0 if first else 0.0)
             if first and bundle is None:
-                self.client.request(self._boundary_for(lead), self.versions)
+                self.client.request(self._boundary_for(self.global_step + lead), self.versions)
                 bundle = self.client.poll(block_s=10.0)
             if bundle is not None and not bundle:
                 bundle = None  # nothing new: skip the broadcast of the bundle itself
@@ -381,10 +384,12 @@ class PDMLContext:
         self._reports = []
         if bundle is not None:
             self._adopt(bundle)
-        self._horizon = self.global_step + k + lead  # nothing adopted later takes effect before that
+        following = (self.global_step // k + 1) * k  # the next boundary (a start-up one may fall between)
+        self._horizon = following + lead  # nothing adopted later takes effect before that
+        self._startup_boundary = False
         if self.rank == 0 and self.client is not None:
-            # ask now for what the next boundary needs; it has k steps to arrive
-            self.client.request(self._boundary_for(self.global_step + k + lead), self.versions)
+            # ask now for what the next boundary needs; it has until then to arrive
+            self.client.request(self._boundary_for(following + lead), self.versions)
         dt = time.perf_counter() - t0
         self._step_overhead += dt
         self.overhead_s += dt
@@ -506,13 +511,26 @@ class PDMLContext:
                     and all(d.effective_step > step for d in upcoming)):
                 raise StateError(f"its lead_steps, pending decisions and horizon are malformed: {lead!r:.20}, "
                                  f"{upcoming!r:.120}, {horizon!r:.20}")
+            # an elastic run restarts with another worker count whenever Ray Train resizes it
+            workers = len(decision.batch_sizes) if self.elastic else self.world_size
             for pending in (decision, *upcoming):
-                check_decision(pending, self.config, self.world_size)
-            check_scheduler_decisions(saved["state"], self.config, self.world_size)
+                check_decision(pending, self.config, workers)
+            check_scheduler_decisions(saved["state"], self.config, workers)
         except PDMLError as e:
             raise StateError(f"{path} holds a pdml-ray state this run refuses: {e}. It was altered, or written by a "
                              "run with another PDMLConfig or number of workers: resume from another checkpoint, or "
                              "with the config that wrote it") from None
+        if workers != self.world_size:
+            # Resized: the position carries over (it counts samples, not ranks), so the steps after this
+            # checkpoint that the old group ran are replayed from it. Its decisions were for the old count,
+            # and the scheduler actor, resized as this group started, keeps its own state: the first step
+            # runs a start-up boundary that brings the new count's shares (from the accelerator prior).
+            self.global_step = step
+            self._position = self._resume = (position[0], position[1])
+            self.start_epoch = position[0]
+            self.lead_steps, self._upcoming, self._horizon = lead, [], step + lead
+            self._startup_boundary = True
+            return True
         if self.rank == 0 and self.client is not None:
             self.client.call("load_state_dict", saved["state"])
         self.decision = decision

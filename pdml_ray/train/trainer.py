@@ -56,9 +56,17 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     accel = detect_accelerator_type(device, list(pdml_config.node.accelerator_prior()))
     assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
     client = SchedulerClient(RaySchedulerTransport(pdml_config.scheduler_name, pdml_config.namespace))
+    if pdml["elastic"]:  # this start's worker count, before any worker registers under it
+        import torch.distributed as dist
+
+        if train_ctx.get_world_rank() == 0:
+            client.call("resize", train_ctx.get_world_size())
+        if train_ctx.get_world_size() > 1:
+            dist.barrier()
     context = PDMLContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, accel, client)
     context.report_fn = ray.train.report
     context.datasets = {name: DatasetRows(blocks) for name, blocks in pdml.get("datasets", {}).items()}
+    context.elastic = pdml["elastic"]  # its checkpoint may come from another worker count
     checkpoint = ray.train.get_checkpoint()  # a restart after a failure, or a rerun: the run storage's latest
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
@@ -173,21 +181,41 @@ class PDMLTrainer:
         self.run_config = run_config if run_config is not None else RunConfig()
         self.pdml_config = pdml_config or PDMLConfig()
         workers = self.scaling_config.num_workers
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ConfigError(f"PDMLTrainer needs a fixed number of workers, ScalingConfig(num_workers=N) with "
-                              f"N >= 1; got num_workers={workers!r} (elastic ranges are not supported: batch "
-                              "shares are split over a fixed set of ranks)")
-        self.num_workers = workers
+        counts = workers if isinstance(workers, tuple) else (workers,)
+        if not (len(counts) in (1, 2) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts)
+                and counts[0] <= counts[-1]):
+            raise ConfigError(f"PDMLTrainer needs a fixed number of workers, ScalingConfig(num_workers=N) with N >= 1, "
+                              f"or an elastic range (min, max) with 1 <= min <= max; got num_workers={workers!r}")
+        self.elastic = len(counts) == 2
+        self.num_workers = counts[0]  # the scheduler's count until the first workers start (resized then)
+        if self.elastic:
+            self._check_elastic()
         if self.pdml_config.gradient_priority is not None:
             # a computed axis must act or be refused: in Ray Train every rank's gradient enters the all-reduce
             raise ConfigError("gradient_priority acts in the straggler-tolerant runtime (pdml_ray.runtime.stragglers, "
                               "policies topk and async), where the aggregator chooses which gradients to apply; under "
                               "PDMLTrainer every rank's gradient enters the weighted all-reduce, so nothing would act "
                               "on it: leave PDMLConfig.gradient_priority unset here")
-        check_ray_train(self.pdml_config, self.num_workers)  # what validate-config checks too
+        for n in sorted(set(counts)):
+            check_ray_train(self.pdml_config, n)  # what validate-config checks too
         self.keep_scheduler = keep_scheduler
         self.scheduler = None  # the scheduler actor's handle after fit() when keep_scheduler=True
         self.kwargs = torch_trainer_kwargs
+
+    def _check_elastic(self) -> None:
+        """What an elastic run (``num_workers=(min, max)``) cannot combine with, refused with the fix."""
+        config = self.pdml_config
+        if config.sample_priority is not None:
+            raise ConfigError("elastic worker counts work with node priorities alone: sample_priority's plans are "
+                              "cut for a fixed set of ranks. Leave PDMLConfig.sample_priority unset, or give "
+                              "ScalingConfig(num_workers=N)")
+        if config.node_priority is not None and config.node_priority.emulated_speeds is not None:
+            raise ConfigError("node_priority.emulated_speeds gives one speed per rank of a fixed worker group; an "
+                              "elastic run's ranks come and go: leave emulated_speeds unset (the accelerator prior "
+                              "seeds each newcomer), or give ScalingConfig(num_workers=N)")
+        if config.replay_log:
+            raise ConfigError("replay_log records a fixed worker count; an elastic run resizes its scheduler: "
+                              "leave PDMLConfig.replay_log unset, or give ScalingConfig(num_workers=N)")
 
     def scheduler_name(self) -> str:
         """The scheduler actor's name: ``PDMLConfig.scheduler_name``, else the run's name, else a unique one."""
@@ -209,7 +237,7 @@ class PDMLTrainer:
             print(f"pdml-ray ({pdml_config.scheduler_name}): {pdml_config.node.emulation}", flush=True)
         loop = self.loop
         kwargs = dict(self.kwargs)
-        pdml: dict[str, Any] = {"config": pdml_config.to_dict()}
+        pdml: dict[str, Any] = {"config": pdml_config.to_dict(), "elastic": self.elastic}
         if kwargs.get("datasets"):  # run once here; the workers read their rows by position (see ray_data)
             kwargs["datasets"], pdml["datasets"] = materialize(kwargs["datasets"])
         config = {**self.loop_config, _CONFIG_KEY: pdml}
