@@ -4,7 +4,8 @@ Scenarios (``pdml_ray.pipeline.scenarios``): homogeneous, drift, uneven, comm-de
 on a few shapes (stages x replicas x micro-batches) over ``seeds`` seeds, all SIMULATED. Every static
 order, the project's and torch's (``best_static`` is the fastest of them per seed), runs the same
 steps. Osprey plans through the run's scheduler exactly as the pipeline runtime does, fetched one step
-ahead (``ScheduledPlans``, in-process): the plan for step t is asked for before step t - 1's
+ahead (``ScheduledPlans``, in-process), free to choose split-backward and two-chunk plans
+(``OspreyConfig(plans="any")``): the plan for step t is asked for before step t - 1's
 measurements arrive, so it sees measurements through step t - 2 — the one-step-old view is in every
 figure. A seed's makespan is the mean over steps ``SKIP_STEPS``.. (osprey's first two plans are its
 warm start); one record per scenario cell, with medians and the worst seed over seeds.
@@ -41,7 +42,7 @@ def run_seed(scenario: str, stages: int, replicas: int, microbatches: int, *, se
              config: ScenarioConfig | None = None) -> dict[str, Any]:
     """One scenario cell on one seed: every schedule's mean makespan over steps ``SKIP_STEPS``.., its
     lower bound (same mean) and memory violations; torch's that the shape does not fit are listed apart."""
-    from pdml_ray.config import PDMLConfig, PipelineConfig
+    from pdml_ray.config import OspreyConfig, PDMLConfig, PipelineConfig
     from pdml_ray.pipeline.registry import make_scheduler
     from pdml_ray.pipeline.scenarios import scenario_profile
     from pdml_ray.pipeline.simulate import PipelineSimulator, simulate_schedule
@@ -53,8 +54,9 @@ def run_seed(scenario: str, stages: int, replicas: int, microbatches: int, *, se
     for name in SCHEDULES:
         source: Any
         if name == "osprey":
-            source = ScheduledPlans(PDMLConfig(pipeline=PipelineConfig(schedule="osprey", memory_limit=profile.memory_limit)),
-                                    stages=stages, replicas=replicas, microbatches=microbatches, in_process=True)
+            osprey = PipelineConfig(schedule="osprey", memory_limit=profile.memory_limit, osprey=OspreyConfig(plans="any"))
+            source = ScheduledPlans(PDMLConfig(pipeline=osprey), stages=stages, replicas=replicas,
+                                    microbatches=microbatches, in_process=True)
         else:
             try:
                 source = make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches,

@@ -43,6 +43,14 @@ class OspreyConfig:
     memory limit, if set, still caps the total."""
     warm_start: str = "1f1b"
     """Static schedule whose plan osprey uses until it has measurements."""
+    plans: str = "full-backward"
+    """Which plans osprey may choose: 'full-backward' (F and B, one chunk per stage: what the Ray-actor
+    runtime runs) or 'any' (also split backward and two chunks per rank: torch's zero-bubble, interleaved
+    and V orders, on osprey's lanes too; for the simulator)."""
+    jump_threshold: float = 0.25
+    """A step's mean latency this far from the estimate (relative) replaces it outright instead of
+    entering the EMA: a level shift (a replica throttled, or recovered), which the EMA would follow
+    only over several steps. Per-step noise of the mean stays well below it; 0 disables the jump."""
 
     def __post_init__(self) -> None:
         check_range(self.ema_alpha, "osprey.ema_alpha", 0.0, 1.0, open_low=True, hint="e.g. 0.5")
@@ -51,6 +59,9 @@ class OspreyConfig:
         check_range(self.rebalance_threshold, "osprey.rebalance_threshold", 0.0, 1.0, open_high=True, hint="e.g. 0.02")
         check_range(self.extra_in_flight, "osprey.extra_in_flight", 0, MAX_ACTIVATIONS, whole=True, hint="activations")
         _check_schedule(self.warm_start, "osprey.warm_start", static_only=True)
+        check_range(self.jump_threshold, "osprey.jump_threshold", 0.0, MAX_REAL, hint="e.g. 0.25 (0 disables)")
+        require(self.plans in ("full-backward", "any"),
+                f"osprey.plans must be 'full-backward' (the Ray-actor runtime's plans) or 'any', got {shown(self.plans)}")
 
 
 @dataclass(kw_only=True, slots=True)

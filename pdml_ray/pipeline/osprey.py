@@ -1,9 +1,14 @@
 """Osprey: adaptive pipeline scheduling from measured latencies (the seed article's "osprey").
 
 measure -> derive -> decide, once per global step:
-1. Adaptive axis: an EMA of measured latency (seconds) per (stage, replica, kind): the project's one
-   EMA (``pdml_ray.priority.estimators.EMA``; a slot's first step mean replaces the prior). A replica
-   left without work drifts towards its stage's fastest estimate (``stale_relax``) so it gets re-tried.
+1. Adaptive axis: an EMA of measured latency (seconds) per (stage, replica, kind F, B, I, W): the
+   project's one EMA (``pdml_ray.priority.estimators.EMA``; a slot's first step mean replaces the
+   prior, and so does a step mean further than ``jump_threshold`` from it: a level shift such as a
+   throttled or recovered replica). B stays I + W (a measured B splits in the current I : W
+   proportion). Each micro-batch's cost factor (its median ratio to the estimates over three or more
+   stages) is divided out first, so uneven micro-batches do not read as slow replicas. Chunks of a
+   two-chunk plan count for their rank at twice their latency. A replica left without work drifts
+   towards its stage's fastest estimate (``stale_relax``) so it gets re-tried.
 2. Bottleneck detection: with R replicas at every stage, the pipeline is cut into R lanes (lane j =
    the j-th fastest replica of every stage, so fast replicas pair with fast ones); a lane's period is
    its slowest member's F+B time, and that member is the lane's bottleneck. The stage with the largest
@@ -23,9 +28,15 @@ measure -> derive -> decide, once per global step:
    ``reorder=True``: the dispatcher lets a ready action overtake a blocked one of its own kind.
    (A critical-path "forwards first" priority lengthened steps under a memory cap: it delays the
    backward chain that frees upstream memory; see ``static.CriticalPathScheduler``.)
-6. Choice: the cap option with the shortest predicted makespan, unless the warm-start plan's in-order
-   makespan on the same EMA costs is shorter (greedy list scheduling is not optimal; with one replica per stage 1F1B's
-   fixed alternation can beat it).
+6. Candidates beside them: every static order that fits the shape (gpipe, 1f1b and torch's; with
+   ``OspreyConfig.plans='any'`` also split backward and two chunks per rank: zero bubble, ZBV,
+   DualPipeV, interleaved), and each torch order on osprey's lanes with micro-batch counts in
+   proportion to the lanes' current speeds (``<name>@lanes``: routing across replicas while keeping
+   torch's order, W in its bubbles, within each pipeline). They are predicted by the simulator on the
+   EMA costs; one that would exceed the memory limit is no candidate.
+7. Choice: the candidate with the shortest predicted makespan, the warm-start plan's in-order makespan
+   included (greedy list scheduling is not optimal; with one replica per stage 1F1B's fixed
+   alternation can beat it).
 Before any measurement the plan is the static warm-start plan (``OspreyConfig.warm_start``).
 What was decided and why is a frozen ``OspreyDecision`` (``last_decision``), carried in every ``MicroBatchPlan``.
 Everything is deterministic given the measurements, so replay reproduces plans exactly.
@@ -41,9 +52,9 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
-from pdml_ray.errors import StateError
+from pdml_ray.errors import ConfigError, PlanError, StateError
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
-from pdml_ray.pipeline.plan import FULL_BACKWARD_KINDS, KIND_INDEX, Kind, Measurement, PipelineScheduler, Plan, check_state
+from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineScheduler, Plan, check_state
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
 from pdml_ray.priority.estimators import EMA
 
@@ -78,7 +89,8 @@ class OspreyDecision:
     rebalanced: bool | None = None
     """Whether this step moved the weights (False: the move stayed under ``rebalance_threshold``)."""
     predicted_makespan_s: tuple[tuple[str, float], ...] | None = None
-    """(candidate, predicted makespan s) per cap option, then 'warm-start', in the order tried."""
+    """(candidate, predicted makespan s) per cap option, then each static candidate that fits the memory
+    limit (by name, '<name>@lanes' on osprey's lanes), then 'warm-start', in the order tried."""
     chosen: str | None = None
     """The candidate planned: a cap option's name or 'warm-start'."""
     lane_microbatches: tuple[int, ...] | None = None
@@ -139,10 +151,12 @@ class OspreyScheduler:
         self.lanes = self.replicas[0] if len(set(self.replicas)) == 1 else 0  # 0: unequal counts, no lanes
         prior = self.pipeline_config.stage_costs or [(DEFAULT_FORWARD_S, DEFAULT_BACKWARD_S)] * stages
         # Latency estimates: one EMA slot per (replica, kind), replicas numbered stage by stage
-        # (``_first[k] + r``), shape (sum(replicas), len(FULL_BACKWARD_KINDS): osprey plans F and B), seconds.
+        # (``_first[k] + r``), shape (sum(replicas), len(Kind)): F, B, I, W seconds (``KIND_INDEX``);
+        # I and W start at half of B each, and B stays I + W once split backwards are measured.
         self._first = [sum(self.replicas[:k]) for k in range(stages)]
-        priors = np.array([prior[k] for k in range(stages) for _ in range(self.replicas[k])], dtype=np.float64)
-        self.latency = EMA((sum(self.replicas), len(FULL_BACKWARD_KINDS)), self.config.ema_alpha, priors)
+        priors = np.array([(f, b, b / 2, b / 2) for k in range(stages) for f, b in [prior[k][:2]]
+                           for _ in range(self.replicas[k])], dtype=np.float64)
+        self.latency = EMA((sum(self.replicas), len(Kind)), self.config.ema_alpha, priors)
         self.est = self._est_view(self.latency.values.tolist())
         """est[k][r][KIND_INDEX[kind]]: ``latency.values`` as python floats, the view list scheduling
         reads (cheaper there than numpy scalars); re-read whenever the EMA changes. Do not write it."""
@@ -150,6 +164,11 @@ class OspreyScheduler:
         self.steps_observed = 0
         self.last_decision = OspreyDecision(kind="warm-start", warm_start=self.config.warm_start)
         self._warm: PipelineScheduler | None = None  # the warm-start static scheduler, built on first use
+        self._statics: dict[str, Plan] | None = None  # every static order that fits the shape, built on first use
+        self._layouts: dict[int, tuple[tuple[int, ...], int] | None] = {}
+        """step -> (stage_rank, chunks) of the plan issued for it when it had virtual stages (else None):
+        its measurements map back to ranks (this scheduler's stages) at chunks x their latency. Plans
+        may be issued a step ahead, so measurements take the oldest step not yet observed."""
 
     def _est_view(self, values: list[list[float]]) -> list[list[tuple[float, ...]]]:
         """``est`` from ``latency.values.tolist()``."""
@@ -160,16 +179,51 @@ class OspreyScheduler:
         """Fold one step's mean latency per (stage, replica, kind) into the EMA, relax the replicas
         that got no work, then re-detect bottlenecks and re-weight."""
         sums: dict[tuple[int, int, int], list[float]] = {}  # (stage, replica, kind index) -> [total s, count]
-        for x in measurements:
-            acc = sums.setdefault((x.stage, x.replica, KIND_INDEX[x.kind]), [0.0, 0])
-            acc[0] += x.latency_s
+        layout = self._layouts.pop(min(self._layouts)) if self._layouts else None
+        stage_rank, chunks = layout if layout is not None else (None, 1)
+        if stage_rank is None:  # a plan of this scheduler's stages (anything else cannot be mapped back)
+            measurements = [x for x in measurements if x.stage < self.stages]
+        # (stage, replica, kind index, micro-batch, seconds) per measurement, chunks mapped to their rank
+        # at chunks x their latency (a chunk is 1 / chunks of its rank's stage).
+        rows = [(stage_rank[x.stage] if stage_rank is not None else x.stage, x.replica, KIND_INDEX[x.kind],
+                 x.microbatch, x.latency_s * chunks) for x in measurements]
+        current = self.latency.values
+        # A micro-batch's cost factor (its sequence length, say) is shared by every stage: its median ratio
+        # to the estimates, normalised to mean one over the step. Dividing it out makes the estimates learn
+        # each replica's speed, not which micro-batches it happened to get. It needs measurements on at
+        # least three stages, so that one slow replica on its path does not move the median.
+        ratios: dict[int, list[float]] = {}
+        if self.stages >= 3:
+            for k, r, i, m, t in rows:
+                ratios.setdefault(m, []).append(t / max(1e-12, current[self._first[k] + r][i]))
+        factor = {m: float(np.median(v)) for m, v in ratios.items()} or {m: 1.0 for _, _, _, m, _ in rows}
+        mean = sum(factor.values()) / len(factor) if factor else 1.0
+        for k, r, i, m, t in rows:
+            acc = sums.setdefault((k, r, i), [0.0, 0])
+            acc[0] += t * mean / max(1e-12, factor[m])
             acc[1] += 1
         if not sums:
             return
+        # A full backward and its split halves describe the same work: derive the missing ones (B = I + W;
+        # a measured B splits in the estimates' current I : W proportion).
+        bi, ii, wi = KIND_INDEX[Kind.BACKWARD], KIND_INDEX[Kind.INPUT], KIND_INDEX[Kind.WEIGHT]
+        for k, r, i in list(sums):
+            if i == bi:
+                b = sums[(k, r, bi)][0] / sums[(k, r, bi)][1]
+                share = current[self._first[k] + r][wi] / max(1e-12, current[self._first[k] + r][ii] + current[self._first[k] + r][wi])
+                sums.setdefault((k, r, ii), [b * (1 - share), 1])
+                sums.setdefault((k, r, wi), [b * share, 1])
+            elif i == ii and (k, r, wi) in sums and (k, r, bi) not in sums:
+                sums[(k, r, bi)] = [sums[(k, r, ii)][0] / sums[(k, r, ii)][1] + sums[(k, r, wi)][0] / sums[(k, r, wi)][1], 1]
         # One vectorised EMA update of every measured (slot, kind): the slots are distinct.
         slots = np.array([self._first[k] + r for k, r, _ in sums])
         kinds = np.array([i for _, _, i in sums])
-        self.latency.update((slots, kinds), np.array([total / n for total, n in sums.values()]))
+        means = np.array([total / n for total, n in sums.values()])
+        before = self.latency.values[slots, kinds].copy()
+        self.latency.update((slots, kinds), means)
+        if self.config.jump_threshold:  # a level shift replaces the estimate (OspreyConfig.jump_threshold)
+            jump = np.abs(means - before) > self.config.jump_threshold * before
+            self.latency.values[slots[jump], kinds[jump]] = means[jump]
         seen = {(k, r) for k, r, _ in sums}
         # Stale relax, on python floats (values[slot][kind index]), written back into the EMA's values.
         values, relax, stale = self.latency.values.tolist(), self.config.stale_relax, False
@@ -307,7 +361,7 @@ class OspreyScheduler:
         """
         warm = self._warm_plan(step)
         if self.steps_observed == 0:
-            return warm
+            return self._issued(step, warm)
         S = self.stages
         predicted: dict[str, float] = {}
         best: tuple[float, str, Any, list[int] | None] | None = None
@@ -321,21 +375,95 @@ class OspreyScheduler:
             predicted[label] = makespan
             if best is None or makespan < best[0]:
                 best = (makespan, label, orders, counts)
+        # Every static order (the project's and torch's, zero bubble and virtual stages included), and
+        # torch's orders on osprey's lanes with its micro-batch counts, predicted by the simulator on the
+        # EMA costs; orders that would exceed the memory limit are not candidates.
+        statics: dict[str, Plan] = {}
+        predictor = self._predictor()
+        for label, candidate in self._static_candidates(self._lane_counts()).items():
+            result = predictor.run_step(candidate)
+            if result.memory_violations == 0:
+                predicted[label], statics[label] = result.makespan_s, candidate
         predicted["warm-start"] = in_order_makespan(warm.orders, S, self.est)
         assert best is not None
-        use_warm = predicted["warm-start"] < best[0]
+        choice = min(predicted, key=lambda label: (predicted[label], label != best[1]))
         self.last_decision = dataclasses.replace(
             self.last_decision, predicted_makespan_s=tuple(predicted.items()),
-            chosen="warm-start" if use_warm else best[1], lane_microbatches=None if best[3] is None else tuple(best[3]))
-        if use_warm:
-            return warm
-        return Plan(S, self.replicas, self.microbatches, to_orders(best[2]), reorder=True, memory_limit=self.memory_limit,
-                    schedule=self.name)
+            chosen=choice, lane_microbatches=None if best[3] is None else tuple(best[3]))
+        if choice == "warm-start":
+            return self._issued(step, warm)
+        if choice in statics:
+            return self._issued(step, dataclasses.replace(statics[choice], schedule=self.name))
+        return self._issued(step, Plan(S, self.replicas, self.microbatches, to_orders(best[2]), reorder=True,
+                                 memory_limit=self.memory_limit, schedule=self.name))
+
+    def _issued(self, step: int, plan: Plan) -> Plan:
+        """Remember the layout of the plan handed out for ``step``, so its measurements map back to stages."""
+        self._layouts[step] = (plan.stage_rank, plan.num_stages // self.stages) \
+            if plan.num_stages != self.stages and plan.stage_rank is not None else None
+        return plan
+
+    def _predictor(self) -> Any:
+        """A noiseless simulator of the EMA costs: per stage the fastest replica's F, B and I : W split,
+        the others as speeds relative to it (F + B seconds)."""
+        from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
+
+        fastest = [min(self.est[k], key=lambda c: c[0] + c[1]) for k in range(self.stages)]
+        speeds = tuple(tuple((f[0] + f[1]) / (c[0] + c[1]) for c in self.est[k]) for k, f in enumerate(fastest))
+        split = sum(f[3] for f in fastest) / max(1e-12, sum(f[2] + f[3] for f in fastest))
+        profile = ClusterProfile(stages=self.stages, replicas=self.replicas, forward_s=tuple(f[0] for f in fastest),
+                                 backward_s=tuple(f[1] for f in fastest), speeds=speeds,
+                                 weight_fraction=min(1.0, max(0.0, split)), memory_limit=self.memory_limit)
+        return PipelineSimulator(profile)
+
+    def _lane_counts(self) -> list[int] | None:
+        """Micro-batches per lane in proportion to the lanes' current speeds (1 / period; no momentum: a
+        torch order on lanes is re-cut each step), rounded by the batch-size rule; None without lanes."""
+        from pdml_ray.batching import round_to_batch_sizes
+
+        target = self.last_decision.target_weights
+        if not self.lanes or target is None:
+            return None
+        return [int(c) for c in round_to_batch_sizes(list(target), self.microbatches)]
+
+    def _static_candidates(self, lane_counts: Sequence[int] | None) -> dict[str, Plan]:
+        """label -> plan: every static order that builds for this shape and, with lanes and micro-batch
+        counts per lane, each torch order on those lanes ('<name>@lanes')."""
+        from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES, make_scheduler
+        from pdml_ray.pipeline.torch_orders import lanes_plan
+
+        if self._statics is None:
+            self._statics = {}
+            for name in STATIC_SCHEDULES[:2] + tuple(TORCH_SCHEDULES):  # gpipe and 1f1b: the others adapt themselves
+                try:
+                    plan = make_scheduler(name, stages=self.stages, replicas=self.replicas,
+                                          microbatches=self.microbatches, config=self.pipeline_config).plan(0)
+                except (ConfigError, PlanError):
+                    continue  # torch's size rules: this shape does not fit it
+                if self.config.plans == "any" or not (plan.split_backward or plan.num_stages != self.stages):
+                    self._statics[name] = plan
+        out = dict(self._statics)
+        if lane_counts is not None and len(set(lane_counts)) > 1:
+            members = self.lane_members()
+            given, ids = 0, []
+            for n in lane_counts:
+                ids.append(list(range(given, given + n)))
+                given += n
+            for name in TORCH_SCHEDULES:
+                if name not in self._statics:
+                    continue
+                cls = _torch_class(name)
+                try:
+                    out[f"{name}@lanes"] = lanes_plan(cls.torch_class, self.stages, ids, members, cls.chunks, name=name)
+                except PlanError:
+                    continue  # a lane's count below torch's minimum
+        return out
 
     # ---- replay --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"latency": self.latency.state_dict(), "weights": list(self.weights),
-                "steps_observed": self.steps_observed, "last_decision": self.last_decision.to_dict()}
+                "steps_observed": self.steps_observed, "last_decision": self.last_decision.to_dict(),
+                "layouts": [[t, None if v is None else [list(v[0]), v[1]]] for t, v in sorted(self._layouts.items())]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state, ("latency", "weights", "steps_observed", "last_decision"), self.name)
@@ -349,3 +477,15 @@ class OspreyScheduler:
         self.weights = [float(w) for w in state["weights"]]
         self.steps_observed = int(state["steps_observed"])
         self.last_decision = OspreyDecision.from_dict(state["last_decision"])
+        self._layouts = {int(t): None if v is None else (tuple(int(k) for k in v[0]), int(v[1]))
+                         for t, v in state.get("layouts", [])}
+
+
+def _torch_class(name: str) -> Any:
+    """The ``TorchOrderScheduler`` subclass registered as ``name``."""
+    import importlib
+
+    from pdml_ray.pipeline.registry import TORCH_SCHEDULES
+
+    module_name, cls_name = TORCH_SCHEDULES[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)

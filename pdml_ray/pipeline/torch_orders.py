@@ -191,24 +191,39 @@ def replicated_plan(cls_name: str, ranks: int, replicas: int, microbatches: int,
     """torch's order run as ``replicas`` data-parallel pipelines (PP x DP, as torch users run it):
     replica r takes micro-batches r, r + replicas, ... (round robin) and runs torch's order for that
     many micro-batches on its own ranks. Validated."""
-    parts = {}
-    for r in range(replicas):
-        mine = list(range(r, microbatches, replicas))
-        if len(mine) not in parts:
-            parts[len(mine)] = torch_plan(cls_name, ranks, len(mine), chunks, name=name) if mine else None
+    if microbatches < replicas:
+        raise PlanError(f"{replicas} replicas need at least {replicas} micro-batches (one each), got {microbatches}")
+    ids = [list(range(r, microbatches, replicas)) for r in range(replicas)]
+    return lanes_plan(cls_name, ranks, ids, [list(range(replicas))] * ranks, chunks, name=name)
+
+
+def lanes_plan(cls_name: str, ranks: int, lane_microbatches: Sequence[Sequence[int]],
+               members: Sequence[Sequence[int]], chunks: int = 1, *, name: str = "") -> Plan:
+    """torch's order on lanes: lane j is one pipeline through replica ``members[rank][j]`` of every rank
+    and runs torch's order for its micro-batches ``lane_microbatches[j]`` (any count, any ids; every
+    micro-batch in exactly one lane). How osprey routes micro-batches across replicas while keeping
+    torch's order within each pipeline. Validated."""
+    lanes = len(lane_microbatches)
+    microbatches = sum(len(ids) for ids in lane_microbatches)
+    parts: dict[int, Plan] = {}
     orders: dict[tuple[int, int], tuple[Action, ...]] = {}
-    single: Plan | None = None
-    for r in range(replicas):
-        mine = list(range(r, microbatches, replicas))
-        part = parts[len(mine)]
-        if part is None:
-            raise PlanError(f"{replicas} replicas need at least {replicas} micro-batches (one each), got {microbatches}")
-        single = part
+    layout: Plan | None = None
+    for j, ids in enumerate(lane_microbatches):
+        if not ids:
+            continue
+        if len(ids) not in parts:
+            parts[len(ids)] = torch_plan(cls_name, ranks, len(ids), chunks, name=name)
+        layout = part = parts[len(ids)]
         for (rank, _), acts in part.orders.items():
-            orders[(rank, r)] = tuple(Action(a.stage, r, a.kind, mine[a.microbatch]) for a in acts)
-    assert single is not None  # replicas >= 1
-    plan = Plan(num_stages=single.num_stages, replicas=(replicas,) * single.num_stages, num_microbatches=microbatches,
-                orders=orders, stage_rank=single.stage_rank, schedule=single.schedule)
+            r = members[rank][j]
+            orders[(rank, r)] = tuple(Action(a.stage, r, a.kind, ids[a.microbatch]) for a in acts)
+    if layout is None:
+        raise PlanError("lanes_plan needs at least one micro-batch")
+    for rank in range(ranks):  # a replica whose lane got no micro-batch idles
+        for j in range(lanes):
+            orders.setdefault((rank, members[rank][j]), ())
+    plan = Plan(num_stages=layout.num_stages, replicas=(lanes,) * layout.num_stages, num_microbatches=microbatches,
+                orders=orders, stage_rank=layout.stage_rank, schedule=layout.schedule)
     validate(plan)
     return plan
 

@@ -121,16 +121,20 @@ class PipelineDeriver(Deriver):
             return Rejection("pipeline", f"pipeline latencies must be a list of at most {MAX_ROWS_PER_OBSERVATION} "
                                          f"rows, got {type(rows).__name__}")
         stages, replicas, m = self.shape["stages"], self.shape["replicas"], self.shape["microbatches"]
+        # Virtual stages: a plan of two chunks per rank (torch's interleaved and V orders, osprey's
+        # choice of them) has 2 x stages stages; those plans need equal replica counts.
+        virtual = 2 * stages if len(set(replicas)) == 1 else stages
         for row in rows:
             ok = type(row) is tuple and len(row) == 5  # noqa: E721
             if ok:
                 k, r, kind, mb, seconds = row
-                ok = (_index(k, stages) and _index(r, replicas[k]) and kind in ("F", "B") and _index(mb, m)
+                ok = (_index(k, virtual) and _index(r, replicas[k % stages]) and kind in ("F", "B", "I", "W")
+                      and _index(mb, m)
                       and isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
                       and math.isfinite(seconds) and 0.0 <= seconds < 1e6)
             if not ok:
-                return Rejection("pipeline", f"a pipeline latency row must be (stage, replica, 'F' or 'B', microbatch, "
-                                             f"seconds) within the announced shape, got {row!r:.120}")
+                return Rejection("pipeline", f"a pipeline latency row must be (stage, replica, 'F', 'B', 'I' or 'W', "
+                                             f"microbatch, seconds) within the announced shape, got {row!r:.120}")
         return None
 
     def observe(self, step: int, rows: Sequence[tuple]) -> None:
