@@ -534,7 +534,9 @@ class PDMLContext:
         if self.rank == 0 and self.client is not None:
             self.client.call("load_state_dict", saved["state"])
         self.decision = decision
-        self.versions = dict(versions)
+        # the file holds node and sample decisions only: the scheduler sends its current ones of other axes
+        # (P3's slicing) again at the first boundary, so the runtime runs what the scheduler says
+        self.versions = {name: v for name, v in versions.items() if name in ("node", "sample")}
         self.global_step = step
         self._position = (position[0], position[1])
         self._resume = self._position

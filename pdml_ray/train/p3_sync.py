@@ -51,8 +51,9 @@ SGD, Adam, AdamW, ...); others (LBFGS, or anything coupling parameters) are refu
 schedulers on your optimizer do not reach the per-layer ones: use ``p3.set_lr``. No gradient
 accumulation over several backward calls per step; buffers (BatchNorm statistics) are broadcast from
 rank 0 once at the start, not every step. The order is planned from the warm-up's measurements (and
-again with them when a new slice size or credit arrives). A resumed run starts from the config's slicing
-and measures again. Compute time
+again with them when a new slice size or credit arrives). A resumed run runs the config's slicing until
+the first bundle it asks for brings the scheduler's current one again (one decision interval), and
+measures again. Compute time
 excludes the forward's waits on the CPU; on a GPU the CUDA-event span still includes them (the node
 priorities then see communication as compute).
 """
@@ -95,6 +96,9 @@ WARMUP_STEPS = 3
 class AxisSource(Protocol):
     """Where ``P3AllReduce`` gets the scheduler's ``p3`` decisions and sends what it measured: the Ray
     Train context (``PDMLContext``), whose bundles every rank adopts at the same boundary."""
+
+    global_step: int
+    """The step being run (the scheduler stamps decisions with these steps; a resumed run's count on)."""
 
     def axis_decision(self, axis: str, step: int) -> Any:
         """The newest decision of ``axis`` adopted for a step <= ``step``, or None."""
@@ -259,7 +263,7 @@ class P3AllReduce(GradientCombiner):
         self.step += 1
         if self.step == WARMUP_STEPS and (self.config.policy == "p3" or self.axis is not None):
             self._measure_warmup()  # a baseline without a scheduler needs no order and reports no link
-        decision = self.axis.axis_decision("p3", self.step) if self.axis is not None else None
+        decision = self.axis.axis_decision("p3", self.axis.global_step) if self.axis is not None else None
         if isinstance(decision, P3Decision) and decision is not self.decision:
             self._adopt(decision)
         self._reset_step()
@@ -444,7 +448,7 @@ class P3AllReduce(GradientCombiner):
             self.issue_plan = self._baseline_plan()
         if self._measured is not None and self.config.policy == "p3":
             self._plan_p3()
-        log.info("step %d: P3 runs %s", self.step, decision)
+        log.info("step %d: P3 runs %s", decision.effective_step, decision)
 
     def _measure_warmup(self) -> None:
         """Agree on the warm-up steps' measurements across ranks, send the link to the scheduler's ``p3``
@@ -469,7 +473,7 @@ class P3AllReduce(GradientCombiner):
         link = LinkModel(-float(measured[-1]) / self.wire_factor, self.config.emulated_latency_us * 1e-6)
         self._measured = (ready, link)
         if self.axis is not None:  # per-message overhead: not measured here (0, as the link model's default)
-            self.axis.observe("p3", self.step, [(link.bandwidth_Bps, link.latency_s, link.overhead_s)])
+            self.axis.observe("p3", self.axis.global_step, [(link.bandwidth_Bps, link.latency_s, link.overhead_s)])
         if self.config.policy == "p3":
             self._plan_p3()
         log.info("P3 link measured in the warm-up: %s", link.describe() if self.link_model is not None else

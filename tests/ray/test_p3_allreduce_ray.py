@@ -74,6 +74,7 @@ class InProcessAxis:
     def __init__(self, config: P3Config) -> None:
         self.scheduler = Scheduler(PDMLConfig(p3=config), 1)
         self.decision = None
+        self.global_step = 0
 
     def observe(self, axis, step, rows):
         assert self.scheduler.observe(axis, step, rows)
@@ -97,6 +98,7 @@ def test_auto_takes_slices_and_credit_from_the_scheduler_after_the_warm_up_measu
     slicings = []
     for step in range(WARMUP_STEPS + 2):
         part = slice(step * 8, step * 8 + 8)
+        axis.global_step = step
         sync.begin(1.0)
         slicings.append(sync.plan.slice_elements)
         F.cross_entropy(model(x[part]), y[part]).backward()

@@ -64,3 +64,34 @@ def test_p3_ordering_needs_the_config_s_p3_section():
     ctx, _ = _context(None)
     with pytest.raises(UsageError, match="PDMLConfig"):
         prepare(ctx, _model(), torch.optim.SGD(_model().parameters(), lr=0.1))
+
+
+def test_a_resumed_run_runs_the_slicing_its_restored_scheduler_has(tmp_path):
+    ctx, scheduler = _context(P3Config(auto=True, slice_elements=2_000, emulated_bandwidth_gbps=100.0,
+                                       emulated_latency_us=1000.0))
+    base = _model()
+    model, p3 = prepare(ctx, base, torch.optim.SGD(base.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(160, 16, generator=g), torch.randn(160, generator=g)
+    for batch in ctx.epoch(0, len(x)):
+        with ctx.step(batch) as step:
+            step.loss(F.mse_loss(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
+    p3.finish()
+    assert p3.plan.slice_elements == 4_096 and ctx.save_scheduler_state(str(tmp_path))
+    resumed, restored = _context(P3Config(auto=True, slice_elements=2_000, emulated_bandwidth_gbps=100.0,
+                                          emulated_latency_us=1000.0))
+    assert resumed.load_scheduler_state(str(tmp_path)) and "p3" not in resumed.versions
+    base = _model()
+    model, p3 = prepare(resumed, base, torch.optim.SGD(base.parameters(), lr=0.1))
+    slicings = []
+    for batch in resumed.epoch(resumed.start_epoch, len(x)):
+        with resumed.step(batch) as step:
+            step.loss(F.mse_loss(model(x[batch.indices]), y[batch.indices], reduction="none")).backward()
+        slicings.append(p3.plan.slice_elements)
+        if len(slicings) == 4:
+            break
+    # the config's slicing until the restored rule's comes again, re-issued for the first boundary it can
+    # reach (asked for at step 10, the resumed run's first; the context keeps no p3 decision in its file)
+    assert slicings == [2_000, 2_000, 4_096, 4_096]
+    assert (p3.decision.method, p3.decision.effective_step, p3.decision.version) == ("rule", 12, 2)
+    assert restored.decision("p3") == p3.decision  # the same choice, re-stamped for the resumed run
