@@ -73,7 +73,8 @@ class P3AxisStats:
         if self.observations:
             emulated = ", bandwidth EMULATED" if self.emulated_bandwidth_gbps is not None else ""
             line += (f"; link {self.bandwidth_Bps * 8 / 1e9:.3g} Gb/s, latency {self.latency_s * 1e6:.0f} us, "
-                     f"overhead {self.overhead_s * 1e6:.0f} us ({self.observations} observations{emulated})")
+                     f"overhead {self.overhead_s * 1e6:.0f} us ({self.observations} observation"
+                     f"{'s' if self.observations != 1 else ''}{emulated})")
         else:
             line += "; no link measured yet"
         return [line]
