@@ -14,8 +14,9 @@ status`` and metrics as every other axis:
 
 Before any measurement, and always with ``auto`` off, the decision in force is the config's own
 ``slice_elements`` and ``effective_credit_bytes`` (``initial``), so ``pdml-ray status`` shows what runs.
-The runtimes measure the link during their warm-up steps and switch at the decision's effective step,
-all ranks together. Pure: no Ray, no clocks.
+The runtimes measure the link (the all-reduce runtime in its warm-up, the parameter server after each
+segment of steps) and switch at the decision's effective step, all ranks or workers together. Pure: no
+Ray, no clocks.
 """
 
 from __future__ import annotations
