@@ -7,6 +7,14 @@ a worker's compute includes waiting for a core, and a slow device in the same cr
 take 1/s times that too. The flip side: stalls caused by other processes are scaled with it, so
 emulated runs on a busy machine look more uneven than the speeds say.
 
+What is scaled is this worker's own work: the measured compute leaves out the collectives inside
+forward and backward (DDP's buffer broadcast, FSDP2's all-gathers and reduce-scatters, which wait for
+other ranks; ``pdml_ray.train.timing``), so a wait for a faster rank is never slept again. The
+worker's fixed cost per step (Python, kernel launches) is scaled with the rest, as on a device that is
+slower at everything: a model whose step is mostly fixed cost then gets a split further from the
+speed ratio than one whose step is mostly per-sample work (``emulated_per_sample_s`` emulates the
+latter exactly).
+
 Everything that uses this must say so in its output: the speeds are emulated, the compute
 (forward, backward, optimizer, collectives) is real.
 """

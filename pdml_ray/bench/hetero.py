@@ -9,6 +9,12 @@ Two compute modes (``--compute``), both EMULATING the speed differences:
 - ``sleep``: a small real MLP makes the gradients, then each worker sleeps ``samples x per-sample time
   / speed``. Contention barely moves a sleep, so the ideal split is the speed ratio and what is measured
   is the scheduler itself (its targets are stricter).
+
+With ``--sync fsdp`` the model is sharded with FSDP2, whose all-gathers and reduce-scatters run inside
+forward and backward and wait for the slowest rank; each repeat then also runs node priorities under
+DDP at the same speeds, and ``fsdp_share_gap_vs_ddp`` (the largest relative gap between a worker's
+steady-state share under FSDP2 and under DDP) shows whether the compute time FSDP2's workers report
+leaves its collectives out (target 5%).
 """
 
 from __future__ import annotations
@@ -68,14 +74,15 @@ def parse_speeds(text: str, workers: int | None) -> list[float]:
     return [check_speed(s, f"--speeds entry {i}") for i, s in enumerate(speeds)]
 
 
-def workload(args: argparse.Namespace, steps: int, label: str, progress_every: int = 0) -> dict[str, Any]:
+def workload(args: argparse.Namespace, steps: int, label: str, progress_every: int = 0,
+             sync: str | None = None) -> dict[str, Any]:
     return {"num_samples": steps * args.global_batch, "dim": 256, "hidden": hidden_width(args), "depth": 2,
             "num_classes": 10, "epochs": 1, "lr": 0.05, "seed": args.seed, "progress_every": progress_every,
-            "measure_comm": True, "label": label, "sync": args.sync}
+            "measure_comm": True, "label": label, "sync": sync or args.sync}
 
 
 def run_arm(args: argparse.Namespace, speeds: list[float], steps: int, node_priorities: bool, label: str,
-            progress_every: int = 0, run_name: str = "pdml-bench"):
+            progress_every: int = 0, run_name: str = "pdml-bench", sync: str | None = None):
     """One training run through PDMLTrainer; node priorities on or off (uniform shares)."""
     import ray.train
 
@@ -89,7 +96,7 @@ def run_arm(args: argparse.Namespace, speeds: list[float], steps: int, node_prio
         min_batch=max(1, args.global_batch // (16 * len(speeds)))), seed=args.seed, scheduler_name=f"{run_name}-{label}")
     use_gpu = args.device == "cuda"
     trainer = PDMLTrainer(
-        classification_loop, train_loop_config=workload(args, steps, label, progress_every),
+        classification_loop, train_loop_config=workload(args, steps, label, progress_every, sync),
         scaling_config=ray.train.ScalingConfig(num_workers=len(speeds), use_gpu=use_gpu),
         run_config=ray.train.RunConfig(name=f"{run_name}-{label}", storage_path=_storage()), pdml_config=config)
     return trainer.fit()
@@ -111,8 +118,8 @@ def summarise(result, skip: int) -> dict[str, Any]:
     step_time = np.array([t["step_s"][keep & (steps == s)].max() for s in step_ids])
     # time per step outside the slowest worker's compute: the all-reduce, optimizer, data, Python, pdml-ray
     extras = np.array([step_time[k] - t["compute_s"][keep & (steps == s)].max() for k, s in enumerate(step_ids)])
-    rates = [float(t["samples"][keep & (t["worker_id"] == w)].sum() / t["compute_s"][keep & (t["worker_id"] == w)].sum())
-             for w in range(n)]
+    samples = np.array([t["samples"][keep & (t["worker_id"] == w)].sum() for w in range(n)], dtype=float)
+    rates = [float(samples[w] / t["compute_s"][keep & (t["worker_id"] == w)].sum()) for w in range(n)]
     last = steps >= steps.max() - 4  # final loss: global-batch mean over the last 5 steps
     loss = float((t["loss"][last] * t["samples"][last]).sum() / t["samples"][last].sum())
     step_s = float(np.median(step_time))
@@ -120,6 +127,7 @@ def summarise(result, skip: int) -> dict[str, Any]:
     # the scheduler actor's CPU per step over the steady state (its process: handlers, metrics, Ray's threads)
     cpu_per_step = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0]) if len(marks) >= 2 else float("nan")
     return {"step_s": step_s, "rates": rates, "loss": loss, "extras_s": float(np.median(extras)),
+            "shares": (samples / samples.sum()).tolist(),
             "overhead_fraction": float(t["overhead_s"][keep].sum() / t["step_s"][keep].sum()),
             "scheduler_cpu_s_per_step": cpu_per_step,
             "comm_s": stats.measurements.get("comm_s", float("nan")) if stats else float("nan"),
@@ -182,6 +190,11 @@ def figures(uniform: dict, pdml: dict, global_batch: int, speeds: list[float] | 
     return out
 
 
+def share_gap(shares: list[float], reference: list[float]) -> float:
+    """The largest relative gap between a worker's share and its share in ``reference``."""
+    return float(np.max(np.abs(np.asarray(shares) / np.asarray(reference) - 1.0)))
+
+
 def targets(result: dict[str, Any], compute: str) -> dict[str, dict[str, Any]]:
     """The benchmark's targets: stricter in the sleep compute mode, where contention barely moves the
     rates and the bound is tight; with real compute the best rates of the two runs cannot all occur
@@ -200,6 +213,9 @@ def targets(result: dict[str, Any], compute: str) -> dict[str, dict[str, Any]]:
     if strict:
         out["shares within 5% of the speed ratio"] = {"value": result["share_error_vs_speeds"], "target": 0.05,
                                                       "below": True}
+    if "fsdp_share_gap_vs_ddp" in result:
+        out["FSDP2 shares within 5% of DDP's"] = {"value": result["fsdp_share_gap_vs_ddp"], "target": 0.05,
+                                                  "below": True}
     for t in out.values():
         below = t.pop("below", False)
         t["met"] = bool(t["value"] <= t["target"] if below else t["value"] >= t["target"])
@@ -233,8 +249,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"repeat {rep + 1}/{repeats}: node priorities ...", flush=True)
             pdml = summarise(run_arm(args, speeds, steps, True, "pdml"), skip)
             per_repeat.append(figures(uniform, pdml, args.global_batch, sleep_speeds))
+            per_repeat[-1]["shares"] = pdml["shares"]
             print(f"  step uniform {uniform['step_s'] * 1e3:.1f} ms, node priorities {pdml['step_s'] * 1e3:.1f} ms, "
                   f"batch sizes {pdml['batch_sizes']}", flush=True)
+            if args.sync == "fsdp":  # the same speeds under DDP: the shares FSDP2's should match
+                print(f"repeat {rep + 1}/{repeats}: node priorities under DDP ...", flush=True)
+                ddp = summarise(run_arm(args, speeds, steps, True, "pdml-ddp", sync="ddp"), skip)
+                per_repeat[-1].update(shares_ddp=ddp["shares"], fsdp_share_gap_vs_ddp=share_gap(pdml["shares"],
+                                                                                                 ddp["shares"]))
+                print(f"  shares FSDP2 {np.round(pdml['shares'], 3).tolist()}, DDP {np.round(ddp['shares'], 3).tolist()}",
+                      flush=True)
     finally:
         if started_here:
             ray.shutdown()
@@ -245,10 +269,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "scheduler_cpu_fraction", "step_s_uniform", "step_s_pdml"]
     if sleep_speeds is not None:
         keys += ["ideal_speedup_emulated", "share_error_vs_speeds"]
+    if args.sync == "fsdp":
+        keys += ["fsdp_share_gap_vs_ddp"]
     result: dict[str, Any] = {key: float(np.median([r[key] for r in per_repeat])) for key in keys}
     result["rates"] = np.median([r["rates"] for r in per_repeat], axis=0).tolist()
     result["rates_pdml"] = np.median([r["rates_pdml"] for r in per_repeat], axis=0).tolist()
     result["best_rates"] = np.median([r["best_rates"] for r in per_repeat], axis=0).tolist()
+    result["shares"] = np.median([r["shares"] for r in per_repeat], axis=0).tolist()
+    if args.sync == "fsdp":
+        result["shares_ddp"] = np.median([r["shares_ddp"] for r in per_repeat], axis=0).tolist()
     result.update(sync=args.sync, compute=args.compute, speeds=speeds, workers=len(speeds), steps=steps,
                   steady_state_from_step=skip, repeats=repeats, global_batch=args.global_batch,
                   hidden=hidden_width(args), batch_sizes=per_repeat[-1]["batch_sizes"], per_repeat=per_repeat)
@@ -270,6 +299,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              ["batch sizes chosen", result["batch_sizes"]]]
     if sleep_speeds is not None:
         rows.append(["largest share error vs speed ratio", result["share_error_vs_speeds"]])
+    if args.sync == "fsdp":
+        rows += [["steady-state shares FSDP2 / DDP", f"{np.round(result['shares'], 3).tolist()} / "
+                                                     f"{np.round(result['shares_ddp'], 3).tolist()}"],
+                 ["largest share gap FSDP2 vs DDP", result["fsdp_share_gap_vs_ddp"]]]
     rows += [["final loss uniform / pdml", f"{result['loss_uniform']:.4f} / {result['loss_pdml']:.4f}"],
              ["scheduler overhead (workers + scheduler CPU)",
               f"{result['scheduler_overhead_fraction']:.4f} ({result['worker_overhead_fraction']:.4f} + "

@@ -47,3 +47,15 @@ def test_the_ideal_bounds_every_consistent_pair_of_runs(seed):
     f = figures(uniform, pdml, 1024)
     assert f["speedup_vs_uniform"] <= f["ideal_speedup"] * (1 + 1e-12)
     assert f["efficiency"] <= 1.0 + 1e-12
+
+
+def test_the_fsdp_share_gap_against_ddp_is_a_target_that_fails_on_a_miss():
+    from pdml_ray.bench.hetero import share_gap, targets
+
+    assert share_gap([0.66, 0.34], [2 / 3, 1 / 3]) == pytest.approx(0.02)
+    uniform, pdml = _pair([1000, 500], [1000, 500], 96, 0.01, 0.01)
+    result = figures(uniform, pdml, 96)
+    for gap, met in ((0.02, True), (0.2, False)):  # shares drifting towards equal: 0.4 / (1/3) - 1
+        checked = targets({**result, "fsdp_share_gap_vs_ddp": gap}, "real")
+        assert checked["FSDP2 shares within 5% of DDP's"] == {"value": gap, "target": 0.05, "met": met}
+    assert "FSDP2 shares within 5% of DDP's" not in targets(result, "real")  # DDP runs: no such target
