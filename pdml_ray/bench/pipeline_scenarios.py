@@ -54,7 +54,9 @@ def run_seed(scenario: str, stages: int, replicas: int, microbatches: int, *, se
     for name in SCHEDULES:
         source: Any
         if name == "osprey":
-            osprey = PipelineConfig(schedule="osprey", memory_limit=profile.memory_limit, osprey=OspreyConfig(plans="any"))
+            # Osprey is told the link's nominal transfer time (what a user knows), not the late transfers.
+            osprey = PipelineConfig(schedule="osprey", memory_limit=profile.memory_limit, transfer_s=profile.transfer_s,
+                                    osprey=OspreyConfig(plans="any"))
             source = ScheduledPlans(PDMLConfig(pipeline=osprey), stages=stages, replicas=replicas,
                                     microbatches=microbatches, in_process=True)
         else:

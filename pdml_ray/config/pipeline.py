@@ -50,7 +50,8 @@ class OspreyConfig:
     jump_threshold: float = 0.25
     """A step's mean latency this far from the estimate (relative) replaces it outright instead of
     entering the EMA: a level shift (a replica throttled, or recovered), which the EMA would follow
-    only over several steps. Per-step noise of the mean stays well below it; 0 disables the jump."""
+    only over several steps. The shift must also exceed three standard errors of the step's mean, so
+    per-action noise does not trigger it; 0 disables the jump."""
 
     def __post_init__(self) -> None:
         check_range(self.ema_alpha, "osprey.ema_alpha", 0.0, 1.0, open_low=True, hint="e.g. 0.5")
@@ -74,6 +75,9 @@ class PipelineConfig:
     """Most forward activations a replica may hold at once (F done, B not yet); None = unbounded."""
     stage_costs: list[tuple[float, float]] | None = None
     """Prior (forward_s, backward_s) per stage before any measurement; None assumes (1, 2) everywhere."""
+    transfer_s: float = 0.0
+    """Seconds an activation or gradient takes between ranks, where known (link latency + bytes /
+    bandwidth); osprey's predictions include it. 0: transfers are taken to be free."""
     auto_static: str = "1f1b"
     """The static schedule 'auto' uses while osprey is not warranted."""
     auto_dispersion_threshold: float = 0.05
@@ -97,6 +101,7 @@ class PipelineConfig:
                 for x in c:
                     check_range(x, f"pipeline.stage_costs[{i}]", 0.0, MAX_REAL, open_low=True,
                                 hint="forward_s and backward_s, seconds")
+        check_range(self.transfer_s, "pipeline.transfer_s", 0.0, MAX_REAL, hint="seconds between ranks, e.g. 0.01")
         _check_schedule(self.auto_static, "pipeline.auto_static", static_only=True)
         check_range(self.auto_dispersion_threshold, "pipeline.auto_dispersion_threshold", 0.0, MAX_REAL,
                     hint="a coefficient of variation, e.g. 0.05 = 5%")

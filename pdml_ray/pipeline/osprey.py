@@ -193,6 +193,7 @@ class OspreyScheduler:
         # each replica's speed, not which micro-batches it happened to get. It needs measurements on at
         # least three stages, so that one slow replica on its path does not move the median.
         ratios: dict[int, list[float]] = {}
+        squares: dict[tuple[int, int, int], float] = {}  # sum of squared seconds per slot: the step's spread
         if self.stages >= 3:
             for k, r, i, m, t in rows:
                 ratios.setdefault(m, []).append(t / max(1e-12, current[self._first[k] + r][i]))
@@ -200,8 +201,10 @@ class OspreyScheduler:
         mean = sum(factor.values()) / len(factor) if factor else 1.0
         for k, r, i, m, t in rows:
             acc = sums.setdefault((k, r, i), [0.0, 0])
-            acc[0] += t * mean / max(1e-12, factor[m])
+            x = t * mean / max(1e-12, factor[m])
+            acc[0] += x
             acc[1] += 1
+            squares[(k, r, i)] = squares.get((k, r, i), 0.0) + x * x
         if not sums:
             return
         # A full backward and its split halves describe the same work: derive the missing ones (B = I + W;
@@ -219,10 +222,13 @@ class OspreyScheduler:
         slots = np.array([self._first[k] + r for k, r, _ in sums])
         kinds = np.array([i for _, _, i in sums])
         means = np.array([total / n for total, n in sums.values()])
+        # Standard error of each step mean (0 where derived, B = I + W): a shift must stand out of the noise.
+        stderr = np.array([math.sqrt(max(0.0, squares[key] / n - (total / n) ** 2) / n) if key in squares else 0.0
+                           for key, (total, n) in sums.items()])
         before = self.latency.values[slots, kinds].copy()
         self.latency.update((slots, kinds), means)
         if self.config.jump_threshold:  # a level shift replaces the estimate (OspreyConfig.jump_threshold)
-            jump = np.abs(means - before) > self.config.jump_threshold * before
+            jump = np.abs(means - before) > np.maximum(self.config.jump_threshold * before, 3.0 * stderr)
             self.latency.values[slots[jump], kinds[jump]] = means[jump]
         seen = {(k, r) for k, r, _ in sums}
         # Stale relax, on python floats (values[slot][kind index]), written back into the EMA's values.
@@ -380,11 +386,17 @@ class OspreyScheduler:
         # EMA costs; orders that would exceed the memory limit are not candidates.
         statics: dict[str, Plan] = {}
         predictor = self._predictor()
+        if self.pipeline_config.transfer_s:  # list scheduling took transfers as free: re-predict the best
+            assert best is not None
+            own = Plan(S, self.replicas, self.microbatches, to_orders(best[2]), reorder=True,
+                       memory_limit=self.memory_limit, schedule=self.name)
+            best = (predictor.run_step(own).makespan_s, *best[1:])
+            predicted[best[1]] = best[0]
         for label, candidate in self._static_candidates(self._lane_counts()).items():
             result = predictor.run_step(candidate)
             if result.memory_violations == 0:
                 predicted[label], statics[label] = result.makespan_s, candidate
-        predicted["warm-start"] = in_order_makespan(warm.orders, S, self.est)
+        predicted["warm-start"] = in_order_makespan(warm.orders, S, self.est, self.pipeline_config.transfer_s)
         assert best is not None
         choice = min(predicted, key=lambda label: (predicted[label], label != best[1]))
         self.last_decision = dataclasses.replace(
@@ -413,7 +425,8 @@ class OspreyScheduler:
         split = sum(f[3] for f in fastest) / max(1e-12, sum(f[2] + f[3] for f in fastest))
         profile = ClusterProfile(stages=self.stages, replicas=self.replicas, forward_s=tuple(f[0] for f in fastest),
                                  backward_s=tuple(f[1] for f in fastest), speeds=speeds,
-                                 weight_fraction=min(1.0, max(0.0, split)), memory_limit=self.memory_limit)
+                                 weight_fraction=min(1.0, max(0.0, split)), memory_limit=self.memory_limit,
+                                 transfer_s=self.pipeline_config.transfer_s)
         return PipelineSimulator(profile)
 
     def _lane_counts(self) -> list[int] | None:

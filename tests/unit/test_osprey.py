@@ -250,3 +250,17 @@ def test_osprey_routes_torch_orders_over_its_lanes_away_from_a_slow_replica() ->
     round_robin = PipelineSimulator(profile).run_step(
         make_scheduler(o.last_decision.chosen.removesuffix("@lanes"), stages=4, replicas=4, microbatches=16).plan(0))
     assert results[-1].makespan_s < 0.8 * round_robin.makespan_s
+
+
+def test_osprey_predicts_with_the_configured_transfer_time() -> None:
+    with pytest.raises(ConfigError, match="transfer_s"):
+        PipelineConfig(transfer_s=-1.0)
+    predicted = {}
+    for transfer in (0.0, 0.5):
+        o = make_scheduler("osprey", stages=4, replicas=1, microbatches=8,
+                           config=PipelineConfig(memory_limit=4, transfer_s=transfer, osprey=OspreyConfig(plans="any")))
+        o.observe(PipelineSimulator(ClusterProfile.build(4, 1)).run_step(o.plan(0)).measurements)
+        o.plan(1)
+        predicted[transfer] = dict(o.last_decision.predicted_makespan_s)
+    # torch's 1F1B on 4 ranks: 2 x 3 transfers on the chain, none hidden at 8 micro-batches' warm-up and cool-down.
+    assert predicted[0.5]["torch-1f1b"] >= predicted[0.0]["torch-1f1b"] + 6 * 0.5
