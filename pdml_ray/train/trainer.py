@@ -159,6 +159,9 @@ class PDMLTrainer:
     (``PDMLRunInfo``: scheduler stats, decision history, telemetry, scheduler state, warnings).
     ``datasets={"train": ds}`` (Ray Datasets) are materialised once in ``fit()``; the loop reads them
     at its batch sizes through ``ctx.iter_torch_batches("train", epoch=e)`` (``pdml_ray.train.ray_data``).
+    ``ScalingConfig(num_workers=(min, max))`` is followed: at every start of the worker group the
+    scheduler is resized to its count (``Scheduler.resize``) and the run resumes from its checkpoint's
+    position with the new count's shares.
     """
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
