@@ -32,6 +32,10 @@ while the step trains; the batch sampler's ``lead_steps`` is P + 1, so a decisio
 steps after the boundary that adopts it, on every rank alike. ``PDMLTrainer`` still hands the
 materialised datasets to ``TorchTrainer``, so ``ray.train.get_dataset_shard`` works as with
 ``TorchTrainer`` (equal shards, pdml-ray's sizes not applied).
+
+The blocks are found through ``Dataset.iter_internal_ref_bundles`` (a Ray DeveloperAPI: each bundle's
+block refs and row slices) and joined with Ray's own ``transform_pyarrow.concat`` (internal; it handles
+Ray's tensor columns), as Ray 2.60 lays them out: a change there fails ``tests/ray/test_ray_data_ray.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
+import torch
 
 from pdml_ray.errors import ConfigError
 
@@ -128,7 +133,7 @@ class DatasetRows:
         if not (isinstance(prefetch_batches, int) and prefetch_batches >= 0):
             raise ConfigError(f"prefetch_batches must be an int >= 0, got {prefetch_batches!r}")
         collate = _collate(collate_fn, dtypes, pin_memory)
-        target = ctx.device if device == "auto" else device
+        target = ctx.device if device == "auto" else torch.device(device)  # "cuda:0" as Ray Data takes it
 
         def fetch(indices: list[int]) -> Any:
             from ray.data.collate_fn import is_tensor_batch_type
