@@ -28,8 +28,8 @@ measure -> derive -> decide, once per global step:
    ``reorder=True``: the dispatcher lets a ready action overtake a blocked one of its own kind.
    (A critical-path "forwards first" priority lengthened steps under a memory cap: it delays the
    backward chain that frees upstream memory; see ``static.CriticalPathScheduler``.)
-6. Candidates beside them: every static order that fits the shape (gpipe, 1f1b and torch's; with
-   ``OspreyConfig.plans='any'`` also split backward and two chunks per rank: zero bubble, ZBV,
+6. With ``OspreyConfig.plans='any'``, candidates beside them: every static order that fits the shape
+   (gpipe, 1f1b and all of torch's: split backward and two chunks per rank included, zero bubble, ZBV,
    DualPipeV, interleaved), and each torch order on osprey's lanes with micro-batch counts in
    proportion to the lanes' current speeds (``<name>@lanes``: routing across replicas while keeping
    torch's order, W in its bubbles, within each pipeline). They are predicted by the simulator on the
@@ -165,6 +165,7 @@ class OspreyScheduler:
         self.last_decision = OspreyDecision(kind="warm-start", warm_start=self.config.warm_start)
         self._warm: PipelineScheduler | None = None  # the warm-start static scheduler, built on first use
         self._statics: dict[str, Plan] | None = None  # every static order that fits the shape, built on first use
+        self._on_lanes: dict[tuple[Any, ...], Plan | None] = {}  # torch orders on lanes, by (name, counts, members)
         self._layouts: dict[int, tuple[tuple[int, ...], int] | None] = {}
         """step -> (stage_rank, chunks) of the plan issued for it when it had virtual stages (else None):
         its measurements map back to ranks (this scheduler's stages) at chunks x their latency. Plans
@@ -440,11 +441,15 @@ class OspreyScheduler:
         return [int(c) for c in round_to_batch_sizes(list(target), self.microbatches)]
 
     def _static_candidates(self, lane_counts: Sequence[int] | None) -> dict[str, Plan]:
-        """label -> plan: every static order that builds for this shape and, with lanes and micro-batch
-        counts per lane, each torch order on those lanes ('<name>@lanes')."""
+        """label -> plan, with ``OspreyConfig.plans='any'``: every static order that builds for this shape
+        and, with lanes and micro-batch counts per lane, each torch order on those lanes ('<name>@lanes').
+        None with 'full-backward': osprey's lane plans already are 1F1B's rule on its lanes, and each
+        candidate costs a simulated step to predict."""
         from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES, make_scheduler
         from pdml_ray.pipeline.torch_orders import lanes_plan
 
+        if self.config.plans != "any":
+            return {}
         if self._statics is None:
             self._statics = {}
             for name in STATIC_SCHEDULES[:2] + tuple(TORCH_SCHEDULES):  # gpipe and 1f1b: the others adapt themselves
@@ -453,8 +458,7 @@ class OspreyScheduler:
                                           microbatches=self.microbatches, config=self.pipeline_config).plan(0)
                 except (ConfigError, PlanError):
                     continue  # torch's size rules: this shape does not fit it
-                if self.config.plans == "any" or not (plan.split_backward or plan.num_stages != self.stages):
-                    self._statics[name] = plan
+                self._statics[name] = plan
         out = dict(self._statics)
         if lane_counts is not None and len(set(lane_counts)) > 1:
             members = self.lane_members()
@@ -462,14 +466,21 @@ class OspreyScheduler:
             for n in lane_counts:
                 ids.append(list(range(given, given + n)))
                 given += n
+            if len(self._on_lanes) > 64:  # lane counts and members seen lately; a long run keeps few
+                self._on_lanes.clear()
             for name in TORCH_SCHEDULES:
                 if name not in self._statics:
                     continue
-                cls = _torch_class(name)
-                try:
-                    out[f"{name}@lanes"] = lanes_plan(cls.torch_class, self.stages, ids, members, cls.chunks, name=name)
-                except PlanError:
-                    continue  # a lane's count below torch's minimum
+                key = (name, tuple(lane_counts), tuple(tuple(m) for m in members))
+                if key not in self._on_lanes:
+                    cls = _torch_class(name)
+                    try:
+                        self._on_lanes[key] = lanes_plan(cls.torch_class, self.stages, ids, members, cls.chunks, name=name)
+                    except PlanError:
+                        self._on_lanes[key] = None  # a lane's count below torch's minimum
+                on_lanes = self._on_lanes[key]
+                if on_lanes is not None:
+                    out[f"{name}@lanes"] = on_lanes
         return out
 
     # ---- replay --------------------------------------------------------------------------------
