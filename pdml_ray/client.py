@@ -20,6 +20,7 @@ and for tests that drive ``PDMLContext`` without Ray.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -105,6 +106,9 @@ class SchedulerTransport(Protocol):
         """The call's return value (raises the scheduler's error, or SchedulerUnavailableError)."""
         ...
 
+    # Optional: ``flush(timeout_s)``, wait until the reports submitted so far have reached the scheduler
+    # (a transport that gathers them on the way, a node relay's, has one; a direct one needs none).
+
 
 class LocalSchedulerTransport:
     """Calls a ``Scheduler`` in this process synchronously: every call is ready at once."""
@@ -131,7 +135,7 @@ class SchedulerClient:
         self._connected = transport.connect(connect_timeout_s)
         self._pending: Any = None  # the bundle request in flight (rank 0 only)
         self._report_calls: list[tuple[Any, int]] = []  # report calls in flight, with how many reports each carries
-        self._held: list[WorkerReport] = []  # reports held back while MAX_REPORT_CALLS_IN_FLIGHT are pending
+        self._held: list[tuple] = []  # packed reports held back while MAX_REPORT_CALLS_IN_FLIGHT are pending
         self.failures = 0
         self.reports_dropped = 0  # held back beyond MAX_BUFFERED_REPORTS, sent to an unreachable scheduler,
         # or in a call that failed (the scheduler died with it in flight: it restarts from its last snapshot)
@@ -197,15 +201,27 @@ class SchedulerClient:
     def report(self, reports: list[WorkerReport], flush: bool = False) -> None:
         """Fire-and-forget, bounded: a dead scheduler loses these reports (counted), never the training
         step. ``flush`` (the end of training, a checkpoint) first waits up to 30 s for the calls in
-        flight, so nothing held back is left behind."""
-        self._held.extend(reports)
+        flight, so nothing held back is left behind, then asks the transport to deliver what it gathers
+        (a node relay's round)."""
+        self.report_rows(PackedReports.pack(reports).rows, flush)
+        deliver = getattr(self.transport, "flush", None)  # optional: a transport straight to the scheduler has none
+        if flush and deliver is not None:
+            try:
+                deliver(30.0)
+            except SchedulerUnavailableError as e:
+                log.warning("the final reports may not have reached the scheduler: %s", e)
+
+    def report_rows(self, rows: Sequence[tuple], flush: bool = False) -> None:
+        """``report`` for reports already packed (``PackedReports.rows``: a node relay forwards them
+        as they came); an empty ``rows`` sends what is held back once a call slot is free."""
+        self._held.extend(rows)
         if not self._held:
             return
         # one caller's calls to the actor finish in order: check from the oldest, stop at the first pending
         while self._report_calls and self._done(self._report_calls[0][0], 30.0 if flush else 0.0):
             self._finished(*self._report_calls.pop(0))
         if len(self._report_calls) >= MAX_REPORT_CALLS_IN_FLIGHT:
-            self.reports_coalesced += len(reports)
+            self.reports_coalesced += len(rows)
             overflow = len(self._held) - MAX_BUFFERED_REPORTS
             if overflow > 0:
                 del self._held[:overflow]
@@ -213,11 +229,22 @@ class SchedulerClient:
                 log.warning("the pdml-ray scheduler is behind: %d reports dropped so far", self.reports_dropped)
             return
         held, self._held = self._held, []
-        pending = self._send("report", PackedReports.pack(held))
+        pending = self._send("report", PackedReports(held))
         if pending is None:
             self.reports_dropped += len(held)
         else:
             self._report_calls.append((pending, len(held)))
+
+    @property
+    def reports_held(self) -> int:
+        """Reports held back for a later call (a call slot was not free)."""
+        return len(self._held)
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for every report call in flight (a node relay's final round)."""
+        end = time.monotonic() + timeout_s
+        while self._report_calls and self._done(self._report_calls[0][0], max(end - time.monotonic(), 0.0)):
+            self._finished(*self._report_calls.pop(0))
 
     def _done(self, pending: Any, timeout_s: float) -> bool:
         try:
@@ -266,6 +293,57 @@ class SchedulerClient:
             self._connected = False
             log.warning("scheduler unavailable (%s); training continues on the last decision", e)
             return None
+
+
+class ReportGather:
+    """A node's report round: its ``members`` workers' report calls gathered into one scheduler call.
+
+    Each worker's flush (every ``decision_interval`` steps, at the same step on every worker) adds its
+    packed rows (``add``); when all ``members`` have added theirs, the round goes to the scheduler as
+    one call through ``client`` (a ``SchedulerClient``: its bound on calls in flight, coalescing and
+    drop counting apply to the node's calls as they did to a worker's); a round some member is late
+    for goes when ``tick`` finds it ``wait_s`` old, so a slow or finished worker delays the others' reports
+    by ``wait_s`` at most. Thread-safe (the relay actor's calls and its timer thread)."""
+
+    def __init__(self, client: SchedulerClient, members: int, wait_s: float) -> None:
+        if members < 1 or not wait_s > 0:
+            raise ValueError(f"a report round needs members >= 1 and wait_s > 0, got {members} and {wait_s}")
+        self.client, self.members, self.wait_s = client, members, wait_s
+        self._lock = threading.Lock()
+        self._rows: list[tuple] = []
+        self._calls = 0  # members' calls in the open round
+        self._opened = 0.0  # when the open round's first call came (time.monotonic)
+        self.rounds = 0  # rounds sent
+        self.rounds_late = 0  # of them, sent by ``tick`` before every member had added
+
+    def add(self, rows: Sequence[tuple]) -> None:
+        with self._lock:
+            if self._calls == 0:
+                self._opened = time.monotonic()
+            self._rows.extend(rows)
+            self._calls += 1
+            if self._calls >= self.members:
+                self._send(flush=False)
+
+    def tick(self) -> None:
+        """Send a round that is ``wait_s`` old, and what the client holds back once a call slot is free."""
+        with self._lock:
+            if self._calls and time.monotonic() - self._opened >= self.wait_s:
+                self.rounds_late += 1
+                self._send(flush=False)
+            elif self.client.reports_held:
+                self.client.report_rows([])
+
+    def flush(self) -> None:
+        """Send the open round now and wait (up to 30 s) for the node's calls in flight."""
+        with self._lock:
+            self._send(flush=True)
+            self.client.drain(30.0)
+
+    def _send(self, flush: bool) -> None:
+        rows, self._rows, calls, self._calls = self._rows, [], self._calls, 0
+        self.rounds += calls > 0
+        self.client.report_rows(rows, flush=flush)
 
 
 def _restarting(error: SchedulerUnavailableError) -> bool:

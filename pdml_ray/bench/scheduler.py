@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hz", type=float, default=10.0, help="steps per second per worker in the paced phase (default 10)")
     parser.add_argument("--duration", type=float, default=None, help="seconds of the paced phase (default 60, quick 15)")
     parser.add_argument("--generators", type=int, default=2, help="load-generator actors (default 2)")
+    parser.add_argument("--report-via", choices=("worker", "node", "both"), default="both",
+                        help="one report call per worker, per simulated node (the relay's gather), or both, one "
+                             "after the other against fresh actors (default both)")
+    parser.add_argument("--per-node", type=int, default=8, help="simulated workers per simulated node (default 8)")
 
 
 def _config(workers: int, name: str) -> Any:
@@ -56,37 +60,60 @@ def _reports(worker_ids: range, step: int, rng: np.random.Generator) -> dict[int
 
 
 class LoadGenerator:
-    """Some simulated workers, each with its own real ``SchedulerClient``: reports every step, flushed
-    every ``interval`` steps, at ``hz`` steps per second (0: as fast as the clients let them)."""
+    """Some simulated workers: reports every step, flushed every ``interval`` steps, at ``hz`` steps per
+    second (0: as fast as the clients let them). ``per_node`` 0: each worker has its own real
+    ``SchedulerClient`` (``report_via="worker"``); else every ``per_node`` consecutive workers make a
+    simulated node whose flushes go through the relay's real ``ReportGather`` and its client
+    (``report_via="node"``: one call per node per flush; the worker-to-relay hop, a Ray call on the
+    node, is an in-process call here)."""
 
-    def __init__(self, name: str, namespace: str, worker_ids: range, interval: int, seed: int) -> None:
+    def __init__(self, name: str, namespace: str, worker_ids: range, interval: int, seed: int, per_node: int = 0) -> None:
+        from pdml_ray.actors.report_relay import RELAY_WAIT_S
         from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
-        from pdml_ray.client import SchedulerClient
+        from pdml_ray.client import ReportGather, SchedulerClient
 
         self.worker_ids, self.interval = worker_ids, interval
-        self.clients = {w: SchedulerClient(RaySchedulerTransport(name, namespace)) for w in worker_ids}
+        self.clients = {w: SchedulerClient(RaySchedulerTransport(name, namespace)) for w in worker_ids} if not per_node else {}
+        nodes = [worker_ids[i:i + per_node] for i in range(0, len(worker_ids), per_node)] if per_node else []
+        self.gathers = [ReportGather(SchedulerClient(RaySchedulerTransport(name, namespace)), len(n), RELAY_WAIT_S)
+                        for n in nodes]
+        self.node_of = {w: self.gathers[i] for i, n in enumerate(nodes) for w in n}
         self.pending: dict[int, list[Any]] = {w: [] for w in worker_ids}
         self.rng = np.random.default_rng(seed)
         self.step = 0
 
-    def run(self, seconds: float, hz: float) -> dict[str, int]:
+    def run(self, seconds: float, hz: float) -> dict[str, float]:
+        from pdml_ray.client import PackedReports
+
         end = time.monotonic() + seconds
-        t_next = time.monotonic()
-        sent = 0
+        t_next = t0 = time.monotonic()
+        cpu0 = time.process_time()
+        sent, flush_s, flushes = 0, 0.0, 0
         while time.monotonic() < end:
             for w, r in _reports(self.worker_ids, self.step, self.rng).items():
                 self.pending[w].append(r)
             self.step += 1
             if self.step % self.interval == 0:
-                for w, client in self.clients.items():
-                    client.report(self.pending[w])
+                for w in self.worker_ids:
+                    f0 = time.perf_counter()  # what a worker's flush costs its step: packing plus one call
+                    if self.gathers:
+                        self.node_of[w].add(PackedReports.pack(self.pending[w]).rows)
+                    else:
+                        self.clients[w].report(self.pending[w])
+                    flush_s += time.perf_counter() - f0
+                    flushes += 1
                     sent += len(self.pending[w])
                     self.pending[w] = []
+            for gather in self.gathers:  # the relay's timer: late rounds, and what waited for a call slot
+                gather.tick()
             if hz > 0:
                 t_next += 1.0 / hz
                 time.sleep(max(0.0, t_next - time.monotonic()))
-        return {"generated": sent, "dropped": sum(c.reports_dropped for c in self.clients.values()),
-                "coalesced": sum(c.reports_coalesced for c in self.clients.values())}
+        clients = list(self.clients.values()) + [g.client for g in self.gathers]
+        return {"generated": sent, "dropped": sum(c.reports_dropped for c in clients),
+                "coalesced": sum(c.reports_coalesced for c in clients), "flush_s": flush_s, "flushes": flushes,
+                "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - t0,
+                "rounds_late": sum(g.rounds_late for g in self.gathers)}
 
 
 def _probe(handle: Any, seconds: float, workers: int, interval: int) -> list[float]:
@@ -146,75 +173,57 @@ def _export_interval() -> float:
     return EXPORT_INTERVAL_S
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def _measure(args: argparse.Namespace, per_node: int, interval: int, duration: float, warmup_s: float,
+             saturate_s: float) -> dict[str, Any]:
+    """One mode's three Ray phases against a fresh scheduler actor (the paced and saturated figures)."""
     import ray
 
     from pdml_ray.actors.scheduler import create_scheduler
-    from pdml_ray.bench.common import finish, print_table
-    from pdml_ray.errors import UsageError
 
-    if args.device != "cpu":
-        raise UsageError("bench scheduler runs no model: --device cuda does not apply (use --device cpu)")
-    if args.workers < 1 or args.generators < 1 or not (args.hz > 0) or (args.duration is not None and not args.duration > 0):
-        raise UsageError("--workers and --generators must be >= 1, --hz and --duration > 0")
-    duration = args.duration or (15.0 if args.quick else 60.0)
-    saturate_s = 8.0 if args.quick else 20.0
-    warmup_s = 5.0 if args.quick else 20.0
-    interval = _config(args.workers, "x").decision_interval
-    print(f"bench scheduler: {args.workers} workers at {args.hz:g} steps/s, reports flushed every {interval} steps; "
-          f"{SIMULATED_NOTE}", flush=True)
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(num_cpus=max(2, args.generators + 1), include_dashboard=False, log_to_driver=False)
     name = f"pdml-bench-scheduler-{time.time_ns()}"
-    try:
-        handle = create_scheduler(_config(args.workers, name), args.workers)
-        ray.get([handle.register.remote(w, "CPU") for w in range(args.workers)])
-        generator: Any = ray.remote(num_cpus=0)(LoadGenerator)
-        share = -(-args.workers // args.generators)
-        fleets: list[Any] = [generator.remote(name, "pdml-bench", range(i, min(i + share, args.workers)), interval, args.seed + i)
-                  for i in range(0, args.workers, share)]
+    handle = create_scheduler(_config(args.workers, name), args.workers)
+    ray.get([handle.register.remote(w, "CPU") for w in range(args.workers)])
+    generator: Any = ray.remote(num_cpus=0)(LoadGenerator)
+    share = -(-args.workers // args.generators)
+    if per_node:  # whole simulated nodes per generator
+        share = -(-share // per_node) * per_node
+    fleets: list[Any] = [generator.remote(name, "pdml-bench", range(i, min(i + share, args.workers)), interval,
+                                          args.seed + i, per_node) for i in range(0, args.workers, share)]
+    cpu: list[float] = []
 
-        cpu: list[float] = []
+    def received() -> tuple[float, int]:
+        stats = ray.get(handle.stats.remote())
+        cpu.append(stats.process_cpu_s)
+        return time.monotonic(), stats.reports_received
 
-        def received() -> tuple[float, int]:
-            stats = ray.get(handle.stats.remote())
-            cpu.append(stats.process_cpu_s)
-            return time.monotonic(), stats.reports_received
-
-        rss_cold = ray.get(handle.memory_rss_mb.remote())
-        print(f"warm-up: paced load for {warmup_s:g} s (the actor's one-time allocations) ...", flush=True)
-        ray.get([f.run.remote(warmup_s, args.hz) for f in fleets])
-        print(f"phase 1/3: paced load for {duration:g} s, probing decision latency ...", flush=True)
-        rss_series = [ray.get(handle.memory_rss_mb.remote())]
-        t0, n0 = received()
-        runs = [f.run.remote(duration, args.hz) for f in fleets]
-        latencies: list[float] = []
-        while time.monotonic() - t0 < duration - 0.05:  # probe in slices, reading the actor's memory between
-            latencies += _probe(handle, min(10.0, duration - (time.monotonic() - t0)), args.workers, interval)
-            rss_series.append(ray.get(handle.memory_rss_mb.remote()))
-        paced = ray.get(runs)
-        t1, n1 = received()
-        rss_start, rss_end = rss_series[0], rss_series[-1]
-        print(f"phase 2/3: saturated for {saturate_s:g} s ...", flush=True)
-        runs = [f.run.remote(saturate_s, 0.0) for f in fleets]
-        saturated_latencies = _probe(handle, saturate_s, args.workers, interval)
-        saturated = ray.get(runs)
-        t3, n3 = received()
-        time.sleep(1.0)  # what was in flight when the generators stopped
-        t4, n4 = received()
-        snapshots = ray.get(handle.snapshot_info.remote())
-        ray.get(handle.close.remote())
-    finally:
-        if started_here:
-            ray.shutdown()
-    print("phase 3/3: the plain class in this process ...", flush=True)
-    plain = _plain_class(args.workers, interval, 5.0 if args.quick else 15.0, args.seed)
-
-    offered = sum(p["generated"] for p in paced) / duration
-    result: dict[str, Any] = {
-        "workers": args.workers, "hz": args.hz, "flush_interval_steps": interval, "duration_s": duration,
-        "offered_reports_per_s": offered,
+    rss_cold = ray.get(handle.memory_rss_mb.remote())
+    print(f"warm-up: paced load for {warmup_s:g} s (the actor's one-time allocations) ...", flush=True)
+    ray.get([f.run.remote(warmup_s, args.hz) for f in fleets])
+    print(f"phase 1/3: paced load for {duration:g} s, probing decision latency ...", flush=True)
+    rss_series = [ray.get(handle.memory_rss_mb.remote())]
+    t0, n0 = received()
+    runs = [f.run.remote(duration, args.hz) for f in fleets]
+    latencies: list[float] = []
+    while time.monotonic() - t0 < duration - 0.05:  # probe in slices, reading the actor's memory between
+        latencies += _probe(handle, min(10.0, duration - (time.monotonic() - t0)), args.workers, interval)
+        rss_series.append(ray.get(handle.memory_rss_mb.remote()))
+    paced = ray.get(runs)
+    t1, n1 = received()
+    print(f"phase 2/3: saturated for {saturate_s:g} s ...", flush=True)
+    runs = [f.run.remote(saturate_s, 0.0) for f in fleets]
+    saturated_latencies = _probe(handle, saturate_s, args.workers, interval)
+    saturated = ray.get(runs)
+    t3, n3 = received()
+    time.sleep(1.0)  # what was in flight when the generators stopped
+    t4, n4 = received()
+    snapshots = ray.get(handle.snapshot_info.remote())
+    ray.get(handle.close.remote())
+    ray.kill(handle)
+    for f in fleets:
+        ray.kill(f)
+    rss_start, rss_end = rss_series[0], rss_series[-1]
+    return {
+        "offered_reports_per_s": sum(p["generated"] for p in paced) / duration,
         "paced_reports_per_s": (n1 - n0) / (t1 - t0),
         "reports_per_s": (n4 - n1) / (t4 - t1),
         "decision_latency_p50_s": float(np.percentile(latencies, 50)),
@@ -223,14 +232,62 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decision_probes": len(latencies),
         "actor_cpu_fraction_paced": (cpu[1] - cpu[0]) / (t1 - t0),
         "actor_cpu_fraction_saturated": (cpu[3] - cpu[1]) / (t4 - t1),
+        # CPU seconds per report are less sensitive to the machine's load than rates
+        "actor_cpu_per_report_us_paced": (cpu[1] - cpu[0]) / max(n1 - n0, 1) * 1e6,
+        "actor_cpu_per_report_us_saturated": (cpu[3] - cpu[1]) / max(n4 - n1, 1) * 1e6,
+        "generators_cpu_fraction_paced": sum(p["cpu_s"] for p in paced) / duration,
+        "generators_cpu_fraction_saturated": sum(p["cpu_s"] for p in saturated) / saturate_s,
+        "worker_flush_us": sum(p["flush_s"] for p in paced) / max(sum(p["flushes"] for p in paced), 1) * 1e6,
+        "rounds_late": sum(p["rounds_late"] for p in paced + saturated),
         "rss_mb_start": rss_start, "rss_mb_end": rss_end, "rss_mb_series": rss_series,
-        "rss_mb_cold": rss_cold, "warmup_s": warmup_s,
-        "metrics_export_interval_s": _export_interval(), "snapshots": snapshots,
+        "rss_mb_cold": rss_cold, "snapshots": snapshots,
         "reports_dropped": sum(p["dropped"] for p in paced + saturated),
         "reports_coalesced": sum(p["coalesced"] for p in paced + saturated),
-        "plain_class": plain,
     }
-    growth = (rss_end - rss_start) / rss_start
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    from pdml_ray.bench.common import finish, print_table
+    from pdml_ray.errors import UsageError
+
+    if args.device != "cpu":
+        raise UsageError("bench scheduler runs no model: --device cuda does not apply (use --device cpu)")
+    if args.workers < 1 or args.generators < 1 or not (args.hz > 0) or (args.duration is not None and not args.duration > 0):
+        raise UsageError("--workers and --generators must be >= 1, --hz and --duration > 0")
+    if args.per_node < 1:
+        raise UsageError("--per-node must be >= 1 (simulated workers per simulated node, e.g. 8)")
+    duration = args.duration or (15.0 if args.quick else 60.0)
+    saturate_s = 8.0 if args.quick else 20.0
+    warmup_s = 5.0 if args.quick else 20.0
+    interval = _config(args.workers, "x").decision_interval
+    modes = ["worker", "node"] if args.report_via == "both" else [args.report_via]
+    print(f"bench scheduler: {args.workers} workers at {args.hz:g} steps/s, reports flushed every {interval} steps, "
+          f"reports via {' and '.join(modes)} ({args.per_node} workers per simulated node); {SIMULATED_NOTE}", flush=True)
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=max(2, args.generators + 1), include_dashboard=False, log_to_driver=False)
+    try:
+        by_mode = {}
+        for mode in modes:
+            print(f"report_via={mode}:", flush=True)
+            by_mode[mode] = _measure(args, args.per_node if mode == "node" else 0, interval, duration, warmup_s,
+                                     saturate_s)
+    finally:
+        if started_here:
+            ray.shutdown()
+    print("phase 3/3: the plain class in this process ...", flush=True)
+    plain = _plain_class(args.workers, interval, 5.0 if args.quick else 15.0, args.seed)
+
+    main = by_mode["node" if "node" in by_mode else modes[0]]  # the library's default (PDMLConfig.report_via) first
+    result: dict[str, Any] = {
+        "workers": args.workers, "hz": args.hz, "flush_interval_steps": interval, "duration_s": duration,
+        "report_via": "node" if "node" in by_mode else modes[0], "workers_per_node": args.per_node,
+        **main, "warmup_s": warmup_s, "metrics_export_interval_s": _export_interval(), "plain_class": plain,
+        "by_report_via": by_mode,
+    }
+    growth = (main["rss_mb_end"] - main["rss_mb_start"]) / main["rss_mb_start"]
     result["targets"] = {
         f"reports_per_s >= {TARGETS['reports_per_s']}": {
             "value": result["reports_per_s"], "target": TARGETS["reports_per_s"],
@@ -241,22 +298,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "memory flat (rss growth < 5% over the paced phase, after the warm-up)": {
             "value": growth, "target": TARGETS["rss_growth_fraction"], "met": growth < TARGETS["rss_growth_fraction"]},
     }
-    rows = [["offered load (reports/s, paced)", offered],
-            ["accepted (reports/s, paced)", result["paced_reports_per_s"]],
-            ["sustained (reports/s, saturated)", result["reports_per_s"]],
-            ["decision latency p50 / p99 (ms), paced",
-             f"{result['decision_latency_p50_s'] * 1e3:.2f} / {result['decision_latency_p99_s'] * 1e3:.2f}"],
-            ["decision latency p99 (ms), saturated", result["saturated_decision_latency_p99_s"] * 1e3],
-            ["actor CPU (cores busy), paced / saturated",
-             f"{result['actor_cpu_fraction_paced']:.2f} / {result['actor_cpu_fraction_saturated']:.2f}"],
-            ["actor memory cold / start / end (MB)", f"{rss_cold:.1f} / {rss_start:.1f} / {rss_end:.1f}"],
-            ["actor memory every ~10 s (MB)", " ".join(f"{x:.0f}" for x in rss_series)],
-            ["snapshots saved / seconds spent", f"{snapshots['saved']} / {snapshots['seconds']:.3f}"],
-            ["reports coalesced / dropped by clients", f"{result['reports_coalesced']} / {result['reports_dropped']}"],
-            ["plain class: reports/s", plain["reports_per_s"]],
-            ["plain class: bundle p50 / p99 (ms)", f"{plain['bundle_p50_s'] * 1e3:.2f} / {plain['bundle_p99_s'] * 1e3:.2f}"]]
-    print_table(["figure", "value"], rows, title=f"bench scheduler ({args.workers} simulated workers)")
+    rows = []
+    for label, key, scale in [("offered load (reports/s, paced)", "offered_reports_per_s", 1),
+                              ("accepted (reports/s, paced)", "paced_reports_per_s", 1),
+                              ("sustained (reports/s, saturated)", "reports_per_s", 1),
+                              ("decision latency p50 (ms), paced", "decision_latency_p50_s", 1e3),
+                              ("decision latency p99 (ms), paced", "decision_latency_p99_s", 1e3),
+                              ("decision latency p99 (ms), saturated", "saturated_decision_latency_p99_s", 1e3),
+                              ("actor CPU per report (us), paced", "actor_cpu_per_report_us_paced", 1),
+                              ("actor CPU per report (us), saturated", "actor_cpu_per_report_us_saturated", 1),
+                              ("actor CPU (cores busy), paced", "actor_cpu_fraction_paced", 1),
+                              ("load generators' CPU (cores busy), paced", "generators_cpu_fraction_paced", 1),
+                              ("a worker's flush (us: pack + call; node: + gather)", "worker_flush_us", 1),
+                              ("actor memory start (MB)", "rss_mb_start", 1), ("actor memory end (MB)", "rss_mb_end", 1),
+                              ("reports dropped by clients", "reports_dropped", 1)]:
+        rows.append([label, *(by_mode[m][key] * scale for m in modes)])
+    rows += [["plain class: reports/s", plain["reports_per_s"], *[""] * (len(modes) - 1)],
+             ["plain class: bundle p50 / p99 (ms)", f"{plain['bundle_p50_s'] * 1e3:.2f} / {plain['bundle_p99_s'] * 1e3:.2f}",
+              *[""] * (len(modes) - 1)]]
+    print_table(["figure", *(f"report_via={m}" for m in modes)], rows,
+                title=f"bench scheduler ({args.workers} simulated workers)")
     for target, t in result["targets"].items():
-        print(f"  target {'met    ' if t['met'] else 'MISSED '} {target} (measured {t['value']:.4g})")
+        print(f"  target {'met    ' if t['met'] else 'MISSED '} {target} (measured {t['value']:.4g}, report_via="
+              f"{result['report_via']})")
     print(SIMULATED_NOTE)
     return finish(args, result, emulated={"workers": "simulated", "note": SIMULATED_NOTE})

@@ -63,6 +63,11 @@ class PDMLConfig:
     replay_log: int = 0
     """Most inputs (reports, observations, shapes, decision requests) the scheduler keeps for a
     deterministic replay of every axis (``pdml_ray.replay``); 0 (the default) keeps none."""
+    report_via: str = "node"
+    """How a Ray Train worker's reports reach the scheduler: ``"node"`` (the default), through a relay
+    actor on its node that sends the node's workers' reports of each flush as one call
+    (``pdml_ray.actors.report_relay``: the scheduler's calls fall by the workers per node); ``"worker"``,
+    one call per worker straight to the scheduler."""
     scheduler_name: str | None = None
     """Name of the run's scheduler actor (``pdml-ray status --name``). None: ``PDMLTrainer.fit()`` names
     it after the run (``RunConfig.name``) or, without one, a fresh unique name, so concurrent runs on
@@ -81,6 +86,9 @@ class PDMLConfig:
             if section is not None and not (isinstance(value, section[0]) or (value is None and section[1])):
                 raise ConfigError(f"{f.name} must be a {section[0].__name__}{' or None' if section[1] else ''}, "
                                   f"got {shown(value)}")
+        require(self.report_via in ("node", "worker"),
+                f"report_via must be 'node' (one report call per node, through a relay) or 'worker', got "
+                f"{shown(self.report_via)}")
         require(isinstance(self.namespace, str) and bool(self.namespace),
                 f"namespace must be a non-empty string (the Ray namespace), got {shown(self.namespace)}")
         require(self.scheduler_name is None or (isinstance(self.scheduler_name, str) and bool(self.scheduler_name)),

@@ -17,7 +17,7 @@ import torch
 from ray.exceptions import RayError
 
 from pdml_ray.actors.scheduler import create_scheduler
-from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
+from pdml_ray.actors.report_relay import worker_transport
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.config.training import check_ray_train
@@ -55,7 +55,8 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     device = ray.train.torch.get_device()
     accel = detect_accelerator_type(device, list(pdml_config.node.accelerator_prior()))
     assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
-    client = SchedulerClient(RaySchedulerTransport(pdml_config.scheduler_name, pdml_config.namespace))
+    client = SchedulerClient(worker_transport(pdml_config.scheduler_name, pdml_config.namespace,
+                                              pdml_config.report_via, train_ctx.get_local_world_size()))
     if pdml["elastic"]:  # this start's worker count, before any worker registers under it
         import torch.distributed as dist
 

@@ -61,7 +61,7 @@ def test_beyond_the_buffer_the_oldest_reports_are_dropped_and_counted():
     big = [WorkerReport(worker_id=0, step=1000 + k, samples=8, compute_s=0.1) for k in range(MAX_BUFFERED_REPORTS + 7)]
     client.report(big)
     assert client.reports_dropped == 7 and len(client._held) == MAX_BUFFERED_REPORTS
-    assert client._held[0].step == 1007  # the newest are kept
+    assert client._held[0][1] == 1007  # the newest are kept (packed rows: the step is field 1)
 
 
 def test_a_flush_waits_for_the_calls_in_flight_and_sends_everything_held():
@@ -130,3 +130,58 @@ def test_reports_travel_packed_and_read_back_whole():
     packed = transport.calls[-1][1][0]
     assert isinstance(packed, PackedReports) and list(packed.reports()) == sent
 
+
+
+def _rows(worker, step, n=5):
+    from pdml_ray.client import PackedReports
+
+    return PackedReports.pack([WorkerReport(worker_id=worker, step=step * n + k, samples=8, compute_s=0.1)
+                               for k in range(n)]).rows
+
+
+def test_a_node_round_goes_to_the_scheduler_as_one_call_once_every_member_reported():
+    from pdml_ray.client import ReportGather
+
+    transport = FailingTransport()  # every call finishes at once
+    gather = ReportGather(SchedulerClient(transport), members=8, wait_s=60.0)
+    for flush in range(3):
+        for worker in range(8):
+            gather.add(_rows(worker, flush))
+            sent = [c for c in transport.calls if c[0] == "report"]
+            assert len(sent) == flush + (worker == 7)  # nothing goes before the node's last member
+    sent = [c[1][0] for c in transport.calls if c[0] == "report"]
+    assert [len(p) for p in sent] == [40, 40, 40] and gather.rounds == 3 and gather.rounds_late == 0
+    assert sorted((r.worker_id, r.step) for r in sent[1]) == [(w, s) for w in range(8) for s in range(5, 10)]
+
+
+def test_a_round_a_member_is_late_for_goes_after_wait_s_and_a_flush_sends_at_once():
+    import time
+
+    from pdml_ray.client import ReportGather
+
+    transport = FailingTransport()
+    gather = ReportGather(SchedulerClient(transport), members=8, wait_s=0.02)
+    for worker in range(7):  # the 8th never reports this round
+        gather.add(_rows(worker, 0))
+    gather.tick()
+    assert not transport.calls  # not yet wait_s old
+    time.sleep(0.03)
+    gather.tick()
+    assert [len(c[1][0]) for c in transport.calls] == [35] and gather.rounds_late == 1
+    gather.add(_rows(7, 1))
+    gather.flush()
+    assert [len(c[1][0]) for c in transport.calls] == [35, 5] and gather.rounds == 2
+
+
+def test_a_node_behind_the_scheduler_coalesces_rounds_and_its_timer_sends_them_once_a_slot_is_free():
+    from pdml_ray.client import ReportGather
+
+    transport = SlowTransport()
+    gather = ReportGather(SchedulerClient(transport), members=2, wait_s=60.0)
+    for flush in range(4):
+        gather.add(_rows(0, flush))
+        gather.add(_rows(1, flush))
+    assert len(transport.calls) == MAX_REPORT_CALLS_IN_FLIGHT and gather.client.reports_held == 30
+    transport.finish(1)
+    gather.tick()  # no new round: the timer sends what was held back
+    assert [len(c[1][0]) for c in transport.calls] == [10, 30] and gather.client.reports_dropped == 0
