@@ -135,6 +135,12 @@ class OspreyDecision:
                    chosen=data.get("chosen"), lane_microbatches=ints("lane_microbatches"))
 
 
+UNEVEN_SPREAD = 0.25
+"""Coefficient of variation across a step's micro-batch cost factors below which they are taken as
+equal: per-action noise of 20% gives factor estimates that spread by about a tenth, long-tailed
+sequence lengths by far more."""
+
+
 class OspreyScheduler:
     """Adaptive plans from measured latencies (measure -> derive -> decide, see the module docstring)."""
 
@@ -198,7 +204,10 @@ class OspreyScheduler:
         if self.stages >= 3:
             for k, r, i, m, t in rows:
                 ratios.setdefault(m, []).append(t / max(1e-12, current[self._first[k] + r][i]))
-        factor = {m: float(np.median(v)) for m, v in ratios.items()} or {m: 1.0 for _, _, _, m, _ in rows}
+        factor = {m: float(np.median(v)) for m, v in ratios.items()}
+        spread = float(np.std(list(factor.values())) / np.mean(list(factor.values()))) if factor else 0.0
+        if spread < UNEVEN_SPREAD:  # micro-batches about equal: their estimated factors would only add noise
+            factor = {m: 1.0 for _, _, _, m, _ in rows}
         mean = sum(factor.values()) / len(factor) if factor else 1.0
         for k, r, i, m, t in rows:
             acc = sums.setdefault((k, r, i), [0.0, 0])

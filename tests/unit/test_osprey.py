@@ -264,3 +264,17 @@ def test_osprey_predicts_with_the_configured_transfer_time() -> None:
         predicted[transfer] = dict(o.last_decision.predicted_makespan_s)
     # torch's 1F1B on 4 ranks: 2 x 3 transfers on the chain, none hidden at 8 micro-batches' warm-up and cool-down.
     assert predicted[0.5]["torch-1f1b"] >= predicted[0.0]["torch-1f1b"] + 6 * 0.5
+
+
+def test_uneven_micro_batches_are_divided_out_equal_ones_are_not() -> None:
+    def est_after(costs: list[float]) -> tuple[float, float]:
+        # 3 stages, stage 0 with two replicas: micro-batches 0, 1 on replica 0, 2, 3 on replica 1.
+        o = OspreyScheduler(stages=3, replicas=(2, 1, 1), microbatches=4, config=OspreyConfig(jump_threshold=0.0))
+        o.observe([Measurement(k, m // 2 if k == 0 else 0, kind, m, c * (1.0 if kind is F else 2.0))
+                   for k in range(3) for kind in (F, Kind.BACKWARD) for m, c in enumerate(costs)])
+        return o.est[0][0][0], o.est[0][1][0]
+
+    # Micro-batch 1 three times as long at every stage: divided out, replica 0 is not taken for slow.
+    assert est_after([1.0, 3.0, 1.0, 1.0]) == pytest.approx((1.5, 1.5))
+    # Nearly equal micro-batches (factors spread under UNEVEN_SPREAD): plain means per replica.
+    assert est_after([1.0, 1.1, 0.9, 1.0]) == pytest.approx((1.05, 0.95))
