@@ -30,7 +30,10 @@ import numpy as np
 DESCRIPTION = "the scheduler actor under a large simulated cluster's reports: throughput, decision latency, memory"
 SIMULATED_NOTE = ("workers are SIMULATED (generated reports, no training); the scheduler actor, Ray's calls and "
                   "the worker-side client are real")
-TARGETS = {"reports_per_s": 20_000, "decision_latency_p99_s": 0.020, "rss_growth_fraction": 0.05}
+TARGETS = {"reports_per_s": 20_000, "decision_latency_p99_s": 0.020, "rss_growth_fraction": 0.05,
+           "plain_cpu_per_report_us": 10.0, "plain_bundle_cpu_s": 0.005}
+"""The last two are machine-independent (CPU time of the in-process ``Scheduler``, no Ray): CPU per
+report in node-sized calls, and a bundle's CPU (issue 27 sets it at 1,024 workers)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,9 +139,10 @@ def _probe(handle: Any, seconds: float, workers: int, interval: int) -> list[flo
     return latencies
 
 
-def _plain_class(workers: int, interval: int, seconds: float, seed: int) -> dict[str, float]:
-    """The in-process ``Scheduler``: reports/s of ``report`` (given ``PackedReports``, as the actor gets
-    them, with their unpickling) and the time of ``bundle``."""
+def _plain_class(workers: int, interval: int, seconds: float, seed: int, per_node: int) -> dict[str, float]:
+    """The in-process ``Scheduler``: reports/s and CPU per report of ``report`` (given ``PackedReports``,
+    one call per ``per_node`` workers' flush as the actor gets them in node mode, with their unpickling),
+    and the wall and CPU time of ``bundle`` (machine-independent figures: no Ray, no other process)."""
     import pickle
 
     from pdml_ray.client import PackedReports
@@ -147,24 +151,60 @@ def _plain_class(workers: int, interval: int, seconds: float, seed: int) -> dict
 
     scheduler = Scheduler(_config(workers, "plain"), workers)
     rng = np.random.default_rng(seed)
-    step, ingested, busy, bundle_s = 0, 0, 0.0, []
+    step, ingested, busy, cpu, bundle_s, bundle_cpu_s = 0, 0, 0.0, 0.0, [], []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         batch = [r for s in range(step, step + interval) for r in _reports(range(workers), s, rng).values()]
         # Ray's RPC pickles an actor call's arguments, and the actor's decode is part of the cost measured
         # here: pickle it is, of bytes made just below in this process (never read from a file or the KV)
-        calls = [pickle.dumps(PackedReports.pack(batch[w::workers])) for w in range(workers)]
-        t0 = time.perf_counter()
-        for call in calls:  # one call per worker, as the actor gets them
+        calls = [pickle.dumps(PackedReports.pack([r for w in range(n, min(n + per_node, workers))
+                                                  for r in batch[w::workers]])) for n in range(0, workers, per_node)]
+        t0, c0 = time.perf_counter(), time.process_time()
+        for call in calls:  # one call per node, as the actor gets them
             scheduler.report(pickle.loads(call))
         busy += time.perf_counter() - t0
+        cpu += time.process_time() - c0
         ingested += len(batch)
         step += interval
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         scheduler.bundle(Boundary(step, interval, (64,) * workers), {"node": 0})
         bundle_s.append(time.perf_counter() - t0)
-    return {"reports_per_s": ingested / busy, "bundle_p50_s": float(np.percentile(bundle_s, 50)),
-            "bundle_p99_s": float(np.percentile(bundle_s, 99))}
+        bundle_cpu_s.append(time.process_time() - c0)
+    return {"reports_per_s": ingested / busy, "cpu_per_report_us": cpu / ingested * 1e6, "reports_per_call": per_node * interval,
+            "bundle_p50_s": float(np.percentile(bundle_s, 50)), "bundle_p99_s": float(np.percentile(bundle_s, 99)),
+            "bundle_cpu_p50_s": float(np.percentile(bundle_cpu_s, 50)), "bundle_cpu_p99_s": float(np.percentile(bundle_cpu_s, 99))}
+
+
+def _ray_costs(workers: int, idle_s: float, calls: int) -> dict[str, float]:
+    """Ray's own cost in a fresh scheduler actor, apart from pdml-ray's work: its CPU while idle (no
+    calls for ``idle_s``: Ray's threads, the export and snapshot timers) and per call (``calls`` calls
+    sent at once, each a ``ping`` or a ``report`` of no reports: Ray's per-call work plus the actor's
+    lock and bookkeeping around a report, without ingesting anything)."""
+    import ray
+
+    from pdml_ray.actors.scheduler import create_scheduler
+    from pdml_ray.client import PackedReports
+
+    handle = create_scheduler(_config(workers, f"pdml-bench-ray-costs-{time.time_ns()}"), workers)
+    ray.get([handle.register.remote(w, "CPU") for w in range(workers)])
+    time.sleep(1.0)  # the registration's export and Ray's start-up work are done
+
+    def cpu() -> float:
+        return ray.get(handle.stats.remote()).process_cpu_s
+
+    c0, t0 = cpu(), time.monotonic()
+    time.sleep(idle_s)
+    idle = (cpu() - c0) / (time.monotonic() - t0)
+    c0 = cpu()
+    ray.get([handle.ping.remote() for _ in range(calls)])
+    ping = (cpu() - c0) / calls
+    c0 = cpu()
+    ray.get([handle.report.remote(PackedReports([])) for _ in range(calls)])
+    report = (cpu() - c0) / calls
+    ray.get(handle.close.remote())
+    ray.kill(handle)
+    return {"idle_cpu_fraction": idle, "idle_cpu_ms_per_s": idle * 1e3, "cpu_per_ping_call_us": ping * 1e6,
+            "cpu_per_empty_report_call_us": report * 1e6}
 
 
 def _export_interval() -> float:
@@ -267,8 +307,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"reports via {' and '.join(modes)} ({args.per_node} workers per simulated node); {SIMULATED_NOTE}", flush=True)
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=max(2, args.generators + 1), include_dashboard=False, log_to_driver=False)
+        # address="local": a cluster of its own, even where another is running on this machine
+        ray.init(address="local", num_cpus=max(2, args.generators + 1), include_dashboard=False, log_to_driver=False)
     try:
+        print("Ray's own costs in an idle scheduler actor and per call ...", flush=True)
+        ray_costs = _ray_costs(args.workers, 3.0 if args.quick else 10.0, 1000 if args.quick else 3000)
         by_mode = {}
         for mode in modes:
             print(f"report_via={mode}:", flush=True)
@@ -278,13 +321,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if started_here:
             ray.shutdown()
     print("phase 3/3: the plain class in this process ...", flush=True)
-    plain = _plain_class(args.workers, interval, 5.0 if args.quick else 15.0, args.seed)
+    plain = _plain_class(args.workers, interval, 5.0 if args.quick else 15.0, args.seed, args.per_node)
 
     main = by_mode["node" if "node" in by_mode else modes[0]]  # the library's default (PDMLConfig.report_via) first
     result: dict[str, Any] = {
         "workers": args.workers, "hz": args.hz, "flush_interval_steps": interval, "duration_s": duration,
         "report_via": "node" if "node" in by_mode else modes[0], "workers_per_node": args.per_node,
         **main, "warmup_s": warmup_s, "metrics_export_interval_s": _export_interval(), "plain_class": plain,
+        "ray_costs": ray_costs,
         "by_report_via": by_mode,
     }
     growth = (main["rss_mb_end"] - main["rss_mb_start"]) / main["rss_mb_start"]
@@ -297,6 +341,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "met": result["decision_latency_p99_s"] < TARGETS["decision_latency_p99_s"]},
         "memory flat (rss growth < 5% over the paced phase, after the warm-up)": {
             "value": growth, "target": TARGETS["rss_growth_fraction"], "met": growth < TARGETS["rss_growth_fraction"]},
+        "in-process CPU per report <= 10 us": {
+            "value": plain["cpu_per_report_us"], "target": TARGETS["plain_cpu_per_report_us"],
+            "met": plain["cpu_per_report_us"] <= TARGETS["plain_cpu_per_report_us"]},
+        f"in-process bundle CPU p50 <= 5 ms at {args.workers} workers": {
+            "value": plain["bundle_cpu_p50_s"], "target": TARGETS["plain_bundle_cpu_s"],
+            "met": plain["bundle_cpu_p50_s"] <= TARGETS["plain_bundle_cpu_s"]},
     }
     rows = []
     for label, key, scale in [("offered load (reports/s, paced)", "offered_reports_per_s", 1),
@@ -313,9 +363,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               ("actor memory start (MB)", "rss_mb_start", 1), ("actor memory end (MB)", "rss_mb_end", 1),
                               ("reports dropped by clients", "reports_dropped", 1)]:
         rows.append([label, *(by_mode[m][key] * scale for m in modes)])
-    rows += [["plain class: reports/s", plain["reports_per_s"], *[""] * (len(modes) - 1)],
-             ["plain class: bundle p50 / p99 (ms)", f"{plain['bundle_p50_s'] * 1e3:.2f} / {plain['bundle_p99_s'] * 1e3:.2f}",
-              *[""] * (len(modes) - 1)]]
+    blank = [""] * (len(modes) - 1)
+    rows += [["plain class: reports/s", plain["reports_per_s"], *blank],
+             [f"plain class: CPU per report (us, {plain['reports_per_call']} a call)", plain["cpu_per_report_us"], *blank],
+             ["plain class: bundle p50 / p99 (ms)", f"{plain['bundle_p50_s'] * 1e3:.2f} / {plain['bundle_p99_s'] * 1e3:.2f}", *blank],
+             ["plain class: bundle CPU p50 / p99 (ms)",
+              f"{plain['bundle_cpu_p50_s'] * 1e3:.2f} / {plain['bundle_cpu_p99_s'] * 1e3:.2f}", *blank],
+             ["Ray: idle actor CPU (ms per s)", ray_costs["idle_cpu_ms_per_s"], *blank],
+             ["Ray: CPU per call, ping / empty report (us)",
+              f"{ray_costs['cpu_per_ping_call_us']:.1f} / {ray_costs['cpu_per_empty_report_call_us']:.1f}", *blank]]
     print_table(["figure", *(f"report_via={m}" for m in modes)], rows,
                 title=f"bench scheduler ({args.workers} simulated workers)")
     for target, t in result["targets"].items():
