@@ -15,9 +15,9 @@ import ray
 import ray.train
 from ray.cluster_utils import Cluster
 
-from pdml_ray.batching import round_to_batch_sizes
-from pdml_ray.config import DEFAULT_ACCELERATOR_PRIOR, NodePriorityConfig, PDMLConfig, SamplePriorityConfig
+from pdml_ray.config import NodePriorityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.errors import ConfigError
+from pdml_ray.priority.node import NodePriorityDeriver
 from pdml_ray.train import PDMLTrainer
 
 from elastic_loops import elastic_loop
@@ -97,10 +97,12 @@ def test_a_run_grows_to_three_workers_and_back_with_every_sample_once(cluster, t
 
     for attempt in attempts:
         first = attempt[0]
-        prior = round_to_batch_sizes([DEFAULT_ACCELERATOR_PRIOR[t] for t in first["types"]], B).tolist()
+        prior = list(NodePriorityDeriver(config, first["world"], first["types"]).initial().batch_sizes)
         for line in attempt:
             assert [len(r) for r in line["ids"]] == line["sizes"]  # every rank trained its size
-        lag = next(line["step"] for line in attempt if line["sizes"] == prior) - first["start"]
+        in_force = next((line["step"] for line in attempt if line["sizes"] == prior), None)
+        assert in_force is not None, (first["types"], prior, [line["sizes"] for line in attempt[:K + 1]])
+        lag = in_force - first["start"]
         print(f"start at step {first['start']} with {first['world']} workers {first['types']}: shares {prior} in "
               f"force after {lag} steps; ran to step {attempt[-1]['step']}")
         assert lag <= K  # the target: in force within one decision interval of the restart

@@ -5,10 +5,10 @@ holds only decisions of the new count, so the state saves and loads; a model's b
 
 import pytest
 
-from pdml_ray.batching import round_to_batch_sizes
-from pdml_ray.config import DEFAULT_ACCELERATOR_PRIOR, NodePriorityConfig, PDMLConfig, SamplePriorityConfig
+from pdml_ray.config import NodePriorityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.decisions import Boundary
 from pdml_ray.errors import ConfigError, ReportError
+from pdml_ray.priority.node import NodePriorityDeriver
 from pdml_ray.scheduler import Scheduler
 
 B = 64
@@ -33,8 +33,8 @@ def test_a_resize_starts_the_node_axis_over_from_the_prior_for_the_new_count():
         s.register(w, accel)
     bundle = s.bundle(Boundary(8, 4, (22, 21, 21)), {"node": before})
     node = bundle.decisions["node"]
-    prior = [DEFAULT_ACCELERATOR_PRIOR[a] for a in ("A100", "A100", "H100")]
-    assert list(node.batch_sizes) == round_to_batch_sizes(prior, B).tolist()  # the newcomer on an H100 gets most
+    prior = NodePriorityDeriver(s.config, 3, ["A100", "A100", "H100"]).initial()  # the prior's split for them
+    assert node.batch_sizes == prior.batch_sizes and node.batch_sizes[2] > B // 2  # the newcomer's H100 gets most
     assert node.effective_step == 8 and node.version > before + 1
     assert all(len(d["batch_sizes"]) == 3 for d in s.decision_history())
     restored = _scheduler()
