@@ -63,7 +63,14 @@ class SamplePriorityConfig:
     seconds per step / step seconds) is below this, draws are uniform with weight 1; back on above
     ``pay_threshold * 1.1``. Each switch is counted. None (default) never switches."""
 
+    gain_proxy: Literal["loss", "logit-gradient"] = "loss"
+    """The per-sample gradient-norm proxy the pay switch's gain is computed from: the score (the loss),
+    or 1 - exp(-loss), the norm of a cross-entropy loss's gradient with respect to the true class's
+    logit (exactly |sigmoid(z) - y| for a binary cross-entropy; Katharopoulos & Fleuret's bound)."""
+
     def __post_init__(self) -> None:
+        require(isinstance(self.gain_proxy, str) and self.gain_proxy in ("loss", "logit-gradient"),
+                f"sample_priority.gain_proxy must be 'loss' or 'logit-gradient', got {shown(self.gain_proxy)}")
         require(isinstance(self.mode, str) and self.mode in SAMPLE_MODES,
                 f"sample_priority.mode must be one of {', '.join(map(repr, SAMPLE_MODES))}, got {shown(self.mode)}")
         check_range(self.backprop_share, "sample_priority.backprop_share", 0.0, 1.0, open_low=True,

@@ -121,7 +121,10 @@ class SampleDraws:
         # GAIN_ITEMS seen samples drawn from the tree (q ~ s^alpha), so the heavy ones are in (sample_switch)
         sub = self.tree.draw(GAIN_ITEMS, self.switch_rng)
         relative_q = seen * self.tree.values(sub) / total
-        return self.switch.decide(self.scores[sub], self.num_samples * self.probabilities(sub, step), relative_q)
+        proxy = self.scores[sub]
+        if self.config.gain_proxy == "logit-gradient":  # cross-entropy: |d loss / d logit| = 1 - exp(-loss)
+            proxy = -np.expm1(-proxy)
+        return self.switch.decide(proxy, self.num_samples * self.probabilities(sub, step), relative_q)
 
     def _mass(self) -> tuple[float, float]:
         """(tree mass, unseen-group mass): sum of s^alpha over seen samples, U * M^alpha."""

@@ -148,3 +148,15 @@ def test_the_deriver_feeds_the_reported_step_time_and_the_switch_shows_in_stats_
     names = {g.name for g in stats.gauges()}
     assert {"pdml_sample_switches_off_total", "pdml_sample_switches_on_total", "pdml_sample_priority_on_ratio",
             "pdml_sample_selection_seconds_total"} <= names
+
+
+def test_the_logit_gradient_proxy_sees_no_gain_where_losses_differ_but_gradients_saturate():
+    n = 4000
+    losses = np.where(np.arange(n) % 2 == 0, 5.0, 10.0)  # both misclassified: |sigmoid(z) - y| ~ 1 for each
+    by_loss = _table(n, losses, pay_threshold=1.0, uniform_mix=0.0)
+    by_grad = _table(n, losses, pay_threshold=1.0, uniform_mix=0.0, gain_proxy="logit-gradient")
+    by_loss.plan(1, [64]), by_grad.plan(1, [64])
+    assert by_loss.stats().predicted_gain == pytest.approx(62.5 / 56.25, rel=0.02)  # E[s^2] / E[s^2 / (N p)], N p = s / 7.5
+    assert by_grad.stats().predicted_gain < 0.95 and not by_grad.stats().priority_on  # p ~ loss, gradients equal
+    with pytest.raises(ConfigError, match="gain_proxy"):
+        SamplePriorityConfig(gain_proxy="norm")
