@@ -60,7 +60,7 @@ def test_slow_replica_gets_fewer_microbatches_and_weights_follow_speed() -> None
 
 
 def test_a_level_shift_replaces_the_estimate_and_split_measurements_keep_b_as_i_plus_w() -> None:
-    o = OspreyScheduler(stages=1, replicas=(1,), microbatches=2, config=OspreyConfig(ema_alpha=0.25))
+    o = OspreyScheduler(stages=1, replicas=(1,), microbatches=2, config=OspreyConfig(ema_alpha=0.25, jump_threshold=0.25))
     o.observe([Measurement(0, 0, F, 0, 1.0), Measurement(0, 0, B, 0, 2.0)])
     o.observe([Measurement(0, 0, F, 0, 1.1), Measurement(0, 0, B, 0, 4.0)])  # F within 25%: blended; B doubled: jumps
     assert o.est[0][0][0] == pytest.approx(0.75 * 1.0 + 0.25 * 1.1) and o.est[0][0][1] == 4.0
