@@ -17,6 +17,8 @@ Layers (imports only point down; ``tests/unit/test_layering.py`` enforces it):
     pdml_ray/priority/, pdml_ray/pipeline/  derivers (node, sample, gradient) and their estimators; pipeline plans
     pdml_ray/stragglers/, pdml_ray/p3/      straggler policies and gradient codes; P3 slicing, queues, link model
     pdml_ray/config/, decisions.py, batching.py, emulation.py, errors.py
+                                            configs, frozen records, the rounding rule, emulated speeds, errors
+    replay.py, state_format.py              one replay path for every axis; saved state as data (never a pickle)
 """
 
 from pdml_ray.config import (DEFAULT_ACCELERATOR_PRIOR, ContinuityConfig, GradientPriorityConfig, NodePriorityConfig,
@@ -24,7 +26,7 @@ from pdml_ray.config import (DEFAULT_ACCELERATOR_PRIOR, ContinuityConfig, Gradie
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.errors import (ConfigError, NonFiniteError, PDMLError, PlanError, ReportError, ResultError,
                              SchedulerUnavailableError, StateError, UsageError)
-from pdml_ray.pipeline import Action, Plan, make_scheduler, validate
+from pdml_ray.pipeline import Action, Plan, make_schedule, validate
 from pdml_ray.scheduler import Scheduler, SchedulerStats
 
 __version__ = "0.1.0"
@@ -69,7 +71,7 @@ __all__ = [
     "StepBundle",
     "UsageError",
     "WorkerReport",
-    "make_scheduler",
+    "make_schedule",
     "split_sequential",
     "validate",
 ]

@@ -6,4 +6,8 @@ hosts the gradient workers the straggler and P3 parameter-server runtimes share.
 ``pdml_ray.scheduler.Scheduler`` for every runtime; ``scheduler_transport.py`` is how clients reach it and
 ``snapshot_store.py`` where its restart snapshot lives. The core never imports this package;
 ``pdml_ray.train`` and ``pdml_ray.runtime`` launch what is here.
+
+Beside those:
+
+    report_relay.py  per-node reporting: a node's relay actor sends its workers' reports as one call per flush
 """

@@ -2,6 +2,20 @@
 
 Each module defines ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args) -> dict`` (the JSON
 result). Common flags (--quick, --json, --seed, --device) are added by the CLI for every benchmark.
+
+The modules:
+
+    common.py              the flags, machine facts, JSON output and table every benchmark shares
+    hetero.py              ``bench hetero``, uniform shares vs node priorities
+    sampling.py            ``bench sampling``, uniform vs loss-priority sampling, with ablations
+    pipeline.py            ``bench pipeline``, schedules on the simulator grid
+    pipeline_actors.py     ``bench pipeline``'s Ray-actor half (sleep compute mode)
+    pipeline_planning.py   ``bench pipeline``'s planning section: the driver's time blocked on plans
+    pipeline_scenarios.py  ``bench pipeline``'s non-stationary section: osprey (planning a step ahead) vs the best static order per scenario
+    stragglers.py          ``bench stragglers``, every straggler policy on the same seeded delays
+    gradients.py           ``bench gradients``, gradient priorities on the straggler runtime
+    p3.py                  ``bench p3``, P3 vs FIFO vs bucketed order in both P3 runtimes
+    scheduler.py           ``bench scheduler``, the scheduler actor under many workers' reports
 """
 
 BENCHMARKS: dict[str, str] = {

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from pdml_ray.bench.common import ratio_key
 from pdml_ray.errors import UsageError
-from pdml_ray.pipeline.registry import ALL_SCHEDULES, SCHEDULERS, STATIC_SCHEDULES, TORCH_SCHEDULES
+from pdml_ray.pipeline.registry import ALL_SCHEDULES, PROJECT_SCHEDULES, STATIC_SCHEDULES, TORCH_SCHEDULES
 
 DESCRIPTION = ("pipeline schedules: osprey vs GPipe / 1F1B / speed-weighted 1F1B / critical path / every schedule "
                "torch ships (simulated grid over seeds + Ray actors)")
@@ -157,12 +157,12 @@ def measure_speed(seed: int, repeats: int = 9) -> dict[str, float]:
     import os
 
     from pdml_ray.config import PipelineConfig
-    from pdml_ray.pipeline.osprey import OspreyScheduler
+    from pdml_ray.pipeline.osprey import OspreySchedule
     from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
 
     S, R, M = 8, 4, 64
     sim = PipelineSimulator(ClusterProfile.build(S, R, profile="noisy", seed=seed, memory_limit=S), seed)
-    osprey = OspreyScheduler(stages=S, replicas=(R,) * S, microbatches=M, config=PipelineConfig(memory_limit=S))
+    osprey = OspreySchedule(stages=S, replicas=(R,) * S, microbatches=M, config=PipelineConfig(memory_limit=S))
     osprey.observe(sim.run_step(osprey.plan(0), 0).measurements)
     sim_s, plan_s = [], []
     for step in range(1, repeats + 1):

@@ -44,7 +44,7 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
 
     from pdml_ray.bench.common import paired_ratio_stats, ratio_key
     from pdml_ray.emulation import COMPUTE_MODES
-    from pdml_ray.pipeline.registry import make_scheduler
+    from pdml_ray.pipeline.registry import make_schedule
 
     if compute not in COMPUTE_MODES:
         raise ConfigError(f"compute must be one of {list(COMPUTE_MODES)}, got {compute!r}")

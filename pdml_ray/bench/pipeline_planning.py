@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from pdml_ray.config import PDMLConfig, PipelineConfig
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, simulate_schedule
 from pdml_ray.runtime.pipeline_plans import ScheduledPlans
 
@@ -59,7 +59,7 @@ def measure_planning(*, stages: int = 8, replicas: int = 4, microbatches: int = 
     in_process, actor = statistics.median(runs["in-process"]), statistics.median(runs["actor"])
     lag_steps = max(steps, 12)
     fresh = [r.makespan_s for r in simulate_schedule(
-        make_scheduler(schedule, stages=stages, replicas=replicas, microbatches=microbatches), PipelineSimulator(
+        make_schedule(schedule, stages=stages, replicas=replicas, microbatches=microbatches), PipelineSimulator(
             profile, seed), lag_steps)]
     ahead = ScheduledPlans(PDMLConfig(pipeline=PipelineConfig(schedule=schedule)), stages=stages, replicas=replicas,
                            microbatches=microbatches, in_process=True)

@@ -43,7 +43,7 @@ def run_seed(scenario: str, stages: int, replicas: int, microbatches: int, *, se
     """One scenario cell on one seed: every schedule's mean makespan over steps ``SKIP_STEPS``.., its
     lower bound (same mean) and memory violations; torch's that the shape does not fit are listed apart."""
     from pdml_ray.config import OspreyConfig, PDMLConfig, PipelineConfig
-    from pdml_ray.pipeline.registry import make_scheduler
+    from pdml_ray.pipeline.registry import make_schedule
     from pdml_ray.pipeline.scenarios import scenario_profile
     from pdml_ray.pipeline.simulate import PipelineSimulator, simulate_schedule
     from pdml_ray.runtime.pipeline_plans import ScheduledPlans
@@ -61,7 +61,7 @@ def run_seed(scenario: str, stages: int, replicas: int, microbatches: int, *, se
                                     microbatches=microbatches, in_process=True)
         else:
             try:
-                source = make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches,
+                source = make_schedule(name, stages=stages, replicas=replicas, microbatches=microbatches,
                                         config=pipeline)
             except ConfigError as err:  # torch's own size rules
                 if name not in TORCH_SCHEDULES:

@@ -9,6 +9,20 @@ imports none; descriptions are read from the modules' source), so help answers a
 imports torch or Ray. Failures are one line on stderr and an exit status, never a traceback unless
 ``--debug``: 2 for a bad argument or value (argparse, ``PDMLError``), 1 for a run that failed (no
 cluster, a missed ``--check`` target, an unexpected error), 130 for Ctrl-C.
+
+The modules:
+
+    __main__.py             ``python -m pdml_ray.cli``, the same as ``pdml-ray``
+    args.py                 argument types that check each value while parsing (a bad one is exit status 2)
+    cluster.py              reaching a Ray cluster from a shell, failing in seconds
+    demo.py                 ``pdml-ray demo``, the main job: uniform shares vs node priorities
+    install_dashboard.py    ``pdml-ray install-dashboard``, the Grafana dashboard into Ray's provisioning
+    scenario.py             ``simulate --scenario FILE`` YAML files, keys as the flags
+    simulate.py             ``pdml-ray simulate``, pipeline schedules on a simulated cluster
+    simulate_stragglers.py  ``simulate --scenario`` with ``kind: stragglers``, straggler policies on a simulated clock
+    status.py               ``pdml-ray status``, every running scheduler's axes and figures
+    validate_config.py      ``pdml-ray validate-config``, a ``PDMLConfig`` YAML or a ``ray up`` config
+    watch.py                ``pdml-ray watch``, ``status`` refreshed until Ctrl-C
 """
 
 from __future__ import annotations

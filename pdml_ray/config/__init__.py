@@ -9,6 +9,11 @@ dataclasses from plain data (``loading.load_dataclass``); unknown keys are error
     sample.py      SamplePriorityConfig
     continuity.py  ContinuityConfig
     pipeline.py    PipelineConfig, OspreyConfig
+    gradient.py    GradientPriorityConfig
+    stragglers.py  StragglerConfig
+    p3.py          P3Config
+    training.py    what a Ray Train run requires of a config (``PDMLTrainer`` and ``validate-config`` alike)
+    checks.py      the checks every ``__post_init__`` uses (ranges, whole numbers, messages that say the fix)
     pdml.py        PDMLConfig (one field per component)
 """
 

@@ -18,9 +18,9 @@ MAX_ACTIVATIONS = 10**6
 
 
 def _check_schedule(value: object, field_name: str, *, static_only: bool) -> None:
-    from pdml_ray.pipeline.registry import SCHEDULERS, STATIC_SCHEDULES
+    from pdml_ray.pipeline.registry import PROJECT_SCHEDULES, STATIC_SCHEDULES
 
-    valid = STATIC_SCHEDULES if static_only else tuple(SCHEDULERS)
+    valid = STATIC_SCHEDULES if static_only else tuple(PROJECT_SCHEDULES)
     require(isinstance(value, str) and value in valid, f"{field_name} must be one of {list(valid)}, got {shown(value)}")
 
 
@@ -73,7 +73,7 @@ class PipelineConfig:
     """Pipeline scheduling: which schedule orders the micro-batches, within what activation memory."""
 
     schedule: str = "auto"
-    """A name from ``pdml_ray.pipeline.registry.SCHEDULERS`` ('auto': static until measurements say osprey pays)."""
+    """A name from ``pdml_ray.pipeline.registry.PROJECT_SCHEDULES`` ('auto': static until measurements say osprey pays)."""
     memory_limit: int | None = None
     """Most forward activations a replica may hold at once (F done, B not yet); None = unbounded."""
     stage_costs: list[tuple[float, float]] | None = None

@@ -8,6 +8,10 @@ copies ``pdml_grafana_dashboard.json`` into that folder: a Grafana started with 
 the "Ray" folder as "pdml-ray", and one already running picks it up within its provisioning scan
 (10 s). Ray rewrites that folder when a new session's dashboard starts: install after ``ray start``
 (or ``ray.init()``), once per session.
+
+Beside the installer:
+
+    workload.py  a short synthetic run that gives every series a value
 """
 
 from __future__ import annotations

@@ -23,5 +23,15 @@ from pdml_ray.p3.simulate import IterationResult, send_order, simulate_iteration
 from pdml_ray.p3.slicing import Slice, SlicePlan, cut, plan_slices, reassemble
 
 __all__ = ["EMULATION_NOTE", "QUEUES", "AutoChoice", "EmulatedLink", "IterationResult", "LayerProfile", "Link",
-           "LinkModel", "Message", "ModelProfile", "SendQueue", "Slice", "SlicePlan", "cut", "make_queue",
+           "LinkModel", "Message", "ModelProfile", "SGDSettings", "SendQueue", "Slice", "SlicePlan", "cut", "make_queue",
            "model_profile", "plan_slices", "reassemble", "send_order", "simulate_iteration", "tune"]
+
+
+def __getattr__(name: str) -> object:
+    """``SGDSettings`` lives with the shards, which need torch: imported on first use, so validating a
+    ``P3Config`` (which reads ``QUEUES``) stays free of torch."""
+    if name == "SGDSettings":
+        from pdml_ray.p3.shard import SGDSettings
+
+        return SGDSettings
+    raise AttributeError(f"module 'pdml_ray.p3' has no attribute {name!r}")

@@ -2,11 +2,30 @@
 
 Pure python/numpy; nothing here imports ray. The Ray-actor runtime (``pdml_ray.runtime.pipeline``)
 runs the same ``Plan`` objects through the same ``Dispatcher`` as the simulator.
+
+The modules:
+
+    plan.py          plans as data: actions, the one dependency rule, validation, a printable grid
+    registry.py      schedule names -> classes (``make_schedule``)
+    static.py        GPipe, 1F1B, critical-path, 1F1B weighted by replica speeds
+    torch_orders.py  the orders torch.distributed.pipelining's schedules generate, as plans and static baselines (torch 2.13 pinned)
+    osprey.py        osprey, adaptive scheduling from measured latencies
+    auto.py          ``auto``: a static schedule until osprey pays
+    listsched.py     greedy list scheduling on predicted costs
+    dispatch.py      the one dispatch rule of the simulator and the runtime
+    simulate.py      the discrete-event simulator
+    scenarios.py     non-stationary scenarios as profiles: drift, uneven micro-batches, late transfers, a memory cap
+    faults.py        lost replicas as data: re-routing and plans on the survivors
+    partition.py     a sequential model cut into stages balanced by parameter count
+    stage.py         one stage replica's worker: forward, backward, accumulation, step
+    stats.py         the pipeline runtime's stats record (``pdml_pipeline_*``)
 """
 
 from pdml_ray.pipeline.dispatch import Dispatcher
-from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineScheduler, Plan, format, validate
-from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
+from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineSchedule, Plan, format, producers, validate
+from pdml_ray.pipeline.registry import ALL_SCHEDULES, PROJECT_SCHEDULES, TORCH_SCHEDULES, make_schedule
+from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, compare_in_simulation, steady_state
 
-__all__ = ["Action", "Dispatcher", "Kind", "Measurement", "PipelineScheduler", "Plan", "SCHEDULERS",
-           "format", "make_scheduler", "validate"]
+__all__ = ["ALL_SCHEDULES", "Action", "ClusterProfile", "Dispatcher", "Kind", "Measurement", "PROJECT_SCHEDULES",
+           "PipelineSchedule", "PipelineSimulator", "Plan", "TORCH_SCHEDULES", "compare_in_simulation", "format",
+           "make_schedule", "producers", "steady_state", "validate"]

@@ -18,8 +18,8 @@ from typing import Any, Literal, Sequence
 
 from pdml_ray.config import PipelineConfig
 from pdml_ray.pipeline.listsched import in_order_makespan
-from pdml_ray.pipeline.osprey import OspreyScheduler
-from pdml_ray.pipeline.plan import KIND_INDEX, Measurement, PipelineScheduler, Plan, check_state
+from pdml_ray.pipeline.osprey import OspreySchedule
+from pdml_ray.pipeline.plan import KIND_INDEX, Measurement, PipelineSchedule, Plan, check_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,20 +66,20 @@ def latency_dispersion(est: Sequence[Sequence[Sequence[float]]]) -> float:
     return worst
 
 
-class AutoScheduler:
+class AutoSchedule:
     """Runs ``config.auto_static`` until the rule above picks osprey; both sides observe every step."""
 
     name = "auto"
 
     def __init__(self, *, stages: int, replicas: Sequence[int], microbatches: int,
                  config: PipelineConfig | None = None) -> None:
-        from pdml_ray.pipeline.registry import make_scheduler
+        from pdml_ray.pipeline.registry import make_schedule
 
         self.config = config if config is not None else PipelineConfig()
         self.stages, self.replicas, self.microbatches = stages, tuple(replicas), microbatches
-        self.static: PipelineScheduler = make_scheduler(self.config.auto_static, stages=stages, replicas=replicas,
+        self.static: PipelineSchedule = make_schedule(self.config.auto_static, stages=stages, replicas=replicas,
                                                         microbatches=microbatches, config=self.config)
-        self.osprey = OspreyScheduler(stages=stages, replicas=replicas, microbatches=microbatches, config=self.config)
+        self.osprey = OspreySchedule(stages=stages, replicas=replicas, microbatches=microbatches, config=self.config)
         self.last_decision = AutoDecision(choice="static", schedule=self.static.name, reason="no measurements yet")
 
     def observe(self, measurements: Sequence[Measurement]) -> None:

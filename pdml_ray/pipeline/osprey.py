@@ -27,7 +27,7 @@ measure -> derive -> decide, once per global step:
    cap option (``cap_options``: 1F1B's stages - k, or uniform; never above the memory limit). Plans carry
    ``reorder=True``: the dispatcher lets a ready action overtake a blocked one of its own kind.
    (A critical-path "forwards first" priority lengthened steps under a memory cap: it delays the
-   backward chain that frees upstream memory; see ``static.CriticalPathScheduler``.)
+   backward chain that frees upstream memory; see ``static.CriticalPathSchedule``.)
 6. With ``OspreyConfig.plans='any'``, candidates beside them: every static order that fits the shape
    (gpipe, 1f1b and all of torch's: split backward and two chunks per rank included, zero bubble, ZBV,
    DualPipeV, interleaved), and each torch order on osprey's lanes with micro-batch counts in
@@ -54,7 +54,7 @@ import numpy as np
 from pdml_ray.config import OspreyConfig, PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError, StateError
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
-from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineScheduler, Plan, check_state
+from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineSchedule, Plan, check_state
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
 from pdml_ray.priority.estimators import EMA
 
@@ -141,7 +141,7 @@ equal: per-action noise of 20% gives factor estimates that spread by about a ten
 sequence lengths by far more."""
 
 
-class OspreyScheduler:
+class OspreySchedule:
     """Adaptive plans from measured latencies (measure -> derive -> decide, see the module docstring)."""
 
     name = "osprey"
@@ -169,7 +169,7 @@ class OspreyScheduler:
         self.weights: list[float] = [1.0 / max(1, self.lanes)] * max(1, self.lanes)
         self.steps_observed = 0
         self.last_decision = OspreyDecision(kind="warm-start", warm_start=self.config.warm_start)
-        self._warm: PipelineScheduler | None = None  # the warm-start static scheduler, built on first use
+        self._warm: PipelineSchedule | None = None  # the warm-start static schedule, built on first use
         self._statics: dict[str, Plan] | None = None  # every static order that fits the shape, built on first use
         self._on_lanes: dict[tuple[Any, ...], Plan | None] = {}  # torch orders on lanes, by (name, counts, members)
         self._layouts: dict[int, tuple[tuple[int, ...], int] | None] = {}
@@ -363,9 +363,9 @@ class OspreyScheduler:
 
     def _warm_plan(self, step: int) -> Plan:
         if self._warm is None:
-            from pdml_ray.pipeline.registry import make_scheduler
+            from pdml_ray.pipeline.registry import make_schedule
 
-            self._warm = make_scheduler(self.config.warm_start, stages=self.stages, replicas=self.replicas,
+            self._warm = make_schedule(self.config.warm_start, stages=self.stages, replicas=self.replicas,
                                         microbatches=self.microbatches, config=self.pipeline_config)
         return dataclasses.replace(self._warm.plan(step), reorder=True, schedule=self.name)
 
@@ -454,7 +454,7 @@ class OspreyScheduler:
         and, with lanes and micro-batch counts per lane, each torch order on those lanes ('<name>@lanes').
         None with 'full-backward': osprey's lane plans already are 1F1B's rule on its lanes, and each
         candidate costs a simulated step to predict."""
-        from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES, make_scheduler
+        from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES, make_schedule
         from pdml_ray.pipeline.torch_orders import lanes_plan
 
         if self.config.plans != "any":
@@ -463,7 +463,7 @@ class OspreyScheduler:
             self._statics = {}
             for name in STATIC_SCHEDULES[:2] + tuple(TORCH_SCHEDULES):  # gpipe and 1f1b: the others adapt themselves
                 try:
-                    plan = make_scheduler(name, stages=self.stages, replicas=self.replicas,
+                    plan = make_schedule(name, stages=self.stages, replicas=self.replicas,
                                           microbatches=self.microbatches, config=self.pipeline_config).plan(0)
                 except (ConfigError, PlanError):
                     continue  # torch's size rules: this shape does not fit it
@@ -502,7 +502,7 @@ class OspreyScheduler:
         check_state(state, ("latency", "weights", "steps_observed", "last_decision"), self.name)
         shape = np.shape(state["latency"].get("values"))
         if shape != self.latency.values.shape:
-            raise StateError(f"saved osprey estimates have shape {shape} (replica slots, kinds), this scheduler needs "
+            raise StateError(f"saved osprey estimates have shape {shape} (replica slots, kinds), this schedule needs "
                              f"{self.latency.values.shape} for replicas {list(self.replicas)}; load a state saved "
                              "for the same stages and replicas")
         self.latency.load_state_dict(state["latency"])
@@ -515,7 +515,7 @@ class OspreyScheduler:
 
 
 def _torch_class(name: str) -> Any:
-    """The ``TorchOrderScheduler`` subclass registered as ``name``."""
+    """The ``TorchOrderSchedule`` subclass registered as ``name``."""
     import importlib
 
     from pdml_ray.pipeline.registry import TORCH_SCHEDULES

@@ -22,7 +22,7 @@ other action of m at stage k on the same replica (the activations live there); t
 k+1 may go to any replica of stage k+1. A ``Plan`` fixes that placement and, per replica, the priority
 order of its actions. ``validate`` checks a plan on the CPU before anything runs (shape of
 ``torch.distributed.pipelining``'s ``_validate_pipeline_order``); ``format`` prints the grid.
-``PipelineScheduler`` is what every schedule (static, osprey, auto) implements.
+``PipelineSchedule`` is what every schedule (static, osprey, auto) implements.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class Plan:
 
 
 class DecisionRecord(Protocol):
-    """What an adaptive scheduler decided and why (``OspreyDecision``, ``AutoDecision``): a frozen record."""
+    """What an adaptive schedule decided and why (``OspreyDecision``, ``AutoDecision``): a frozen record."""
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -221,7 +221,7 @@ class PlanSource(Protocol):
     def observe(self, measurements: Sequence[Measurement]) -> None: ...
 
 
-class PipelineScheduler(Protocol):
+class PipelineSchedule(Protocol):
     """What every schedule implements: a plan per step, measurements back after it, replayable state.
 
     Static schedules have ``last_decision = None`` and (but for critical-path's cost estimates) an
@@ -240,17 +240,17 @@ class PipelineScheduler(Protocol):
     def observe(self, measurements: Sequence[Measurement]) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able state that, loaded into a fresh scheduler, reproduces its next plan exactly."""
+        """JSON-able state that, loaded into a fresh schedule, reproduces its next plan exactly."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def check_state(state: Mapping[str, Any], keys: Sequence[str], scheduler: str) -> None:
-    """Raise StateError unless ``state`` (from ``state_dict``) has every key ``scheduler`` needs."""
+def check_state(state: Mapping[str, Any], keys: Sequence[str], schedule: str) -> None:
+    """Raise StateError unless ``state`` (from ``state_dict``) has every key ``schedule`` needs."""
     missing = [k for k in keys if k not in state]
     if missing:
-        raise StateError(f"saved {scheduler} scheduler state lacks {missing} (has {sorted(state)}); it was saved by "
-                         f"another schedule or version: load a state saved by {scheduler}'s state_dict()")
+        raise StateError(f"saved {schedule} schedule state lacks {missing} (has {sorted(state)}); it was saved by "
+                         f"another schedule or version: load a state saved by {schedule}'s state_dict()")
 
 
 # ---- the dependency rule -------------------------------------------------------------------------

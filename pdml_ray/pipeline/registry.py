@@ -1,7 +1,7 @@
 """The one registry of pipeline schedules: name -> "module:Class", imported on first use.
 
 Schedule names are written here and nowhere else: configs, the CLI and the benchmarks read them
-from ``SCHEDULERS``, ``TORCH_SCHEDULES`` and ``STATIC_SCHEDULES``. This module imports nothing at load time, so configs
+from ``PROJECT_SCHEDULES``, ``TORCH_SCHEDULES`` and ``STATIC_SCHEDULES``. This module imports nothing at load time, so configs
 can validate names against it without an import cycle.
 """
 
@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 from pdml_ray.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pdml_ray.pipeline.plan import PipelineScheduler
+    from pdml_ray.pipeline.plan import PipelineSchedule
 
-SCHEDULERS: dict[str, str] = {
-    "gpipe": "pdml_ray.pipeline.static:GPipeScheduler",
-    "1f1b": "pdml_ray.pipeline.static:OneFOneBScheduler",
-    "1f1b-weighted": "pdml_ray.pipeline.static:WeightedOneFOneBScheduler",
-    "critical-path": "pdml_ray.pipeline.static:CriticalPathScheduler",
-    "osprey": "pdml_ray.pipeline.osprey:OspreyScheduler",
-    "auto": "pdml_ray.pipeline.auto:AutoScheduler",
+PROJECT_SCHEDULES: dict[str, str] = {
+    "gpipe": "pdml_ray.pipeline.static:GPipeSchedule",
+    "1f1b": "pdml_ray.pipeline.static:OneFOneBSchedule",
+    "1f1b-weighted": "pdml_ray.pipeline.static:WeightedOneFOneBSchedule",
+    "critical-path": "pdml_ray.pipeline.static:CriticalPathSchedule",
+    "osprey": "pdml_ray.pipeline.osprey:OspreySchedule",
+    "auto": "pdml_ray.pipeline.auto:AutoSchedule",
 }
 
 TORCH_SCHEDULES: dict[str, str] = {
@@ -38,10 +38,10 @@ TORCH_SCHEDULES: dict[str, str] = {
 pinned): static, one data-parallel pipeline per replica, some with two chunks per rank (virtual
 stages) or split backward. They run in the simulator (``pdml-ray simulate``, ``bench pipeline``),
 not on the Ray-actor runtime (which runs F + B plans without virtual stages), so a run's
-``PipelineConfig.schedule`` takes only ``SCHEDULERS``."""
+``PipelineConfig.schedule`` takes only ``PROJECT_SCHEDULES``."""
 
-ALL_SCHEDULES: dict[str, str] = SCHEDULERS | TORCH_SCHEDULES
-"""Every name ``make_scheduler`` builds: the project's schedules, then torch's baselines."""
+ALL_SCHEDULES: dict[str, str] = PROJECT_SCHEDULES | TORCH_SCHEDULES
+"""Every name ``make_schedule`` builds: the project's schedules, then torch's baselines."""
 
 MAX_STAGES = 1024
 MAX_REPLICAS = 1024
@@ -55,9 +55,9 @@ STATIC_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "1f1b-weighted", "critical
 auto's static side are chosen from these)."""
 
 
-def make_scheduler(name: str, *, stages: int, replicas: int | Sequence[int], microbatches: int,
-                   config: Any = None) -> PipelineScheduler:
-    """Build scheduler ``name`` (from ``ALL_SCHEDULES``) for ``stages`` x ``replicas`` (an int, or one
+def make_schedule(name: str, *, stages: int, replicas: int | Sequence[int], microbatches: int,
+                   config: Any = None) -> PipelineSchedule:
+    """Build schedule ``name`` (from ``ALL_SCHEDULES``) for ``stages`` x ``replicas`` (an int, or one
     count per stage).
 
     ``config`` is a ``pdml_ray.config.PipelineConfig`` (or None for defaults). Sizes are checked here,

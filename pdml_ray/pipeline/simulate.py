@@ -401,11 +401,11 @@ def compare_in_simulation(profile: ClusterProfile, microbatches: int, schedules:
     auto's choice and reason, osprey's weights and bottlenecks; {} for a static schedule) and its plan
     for step ``steps``.
     """
-    from pdml_ray.pipeline.registry import make_scheduler
+    from pdml_ray.pipeline.registry import make_schedule
 
     out: dict[str, dict[str, Any]] = {}
     for name in schedules:
-        scheduler = make_scheduler(name, stages=profile.stages, replicas=profile.replicas,
+        scheduler = make_schedule(name, stages=profile.stages, replicas=profile.replicas,
                                    microbatches=microbatches, config=config)
         results = simulate_schedule(scheduler, PipelineSimulator(profile, seed), steps, check=check)
         peak = {f"s{k}r{r}": max(res.peak_memory[(k, r)] for res in results) for (k, r) in results[0].peak_memory}

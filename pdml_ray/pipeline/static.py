@@ -57,7 +57,7 @@ class _StaticBase(ABC):
         self._cache = None
 
 
-class GPipeScheduler(_StaticBase):
+class GPipeSchedule(_StaticBase):
     """All forwards, then all backwards, per replica. With a memory limit L, in rounds of
     L x min(replicas) consecutive micro-batches so no replica holds more than L activations."""
 
@@ -83,7 +83,7 @@ def one_f_one_b_caps(stages: int, memory_limit: int | None) -> list[int]:
     return [stages - k if memory_limit is None else min(stages - k, memory_limit) for k in range(stages)]
 
 
-class OneFOneBScheduler(_StaticBase):
+class OneFOneBSchedule(_StaticBase):
     """1F1B (PipeDream-flush): warm up with stages-k forwards, then prefer a ready backward.
 
     Built by greedy list scheduling on unit costs (F=1, B=2) with backward-first picks and a cap of
@@ -115,7 +115,7 @@ def critical_path_ranks(forward_s: Sequence[float], backward_s: Sequence[float],
     return rank_f, rank_b
 
 
-class CriticalPathScheduler(_StaticBase):
+class CriticalPathSchedule(_StaticBase):
     """Greedy list scheduling by remaining critical-path time, from per-stage cost estimates.
 
     Estimates start at F=1, B=2 per stage (or ``config.stage_costs``) and are refreshed from measured
@@ -200,7 +200,7 @@ class WeightedDecision:
                 "calibrated_steps": self.calibrated_steps}
 
 
-class WeightedOneFOneBScheduler(_StaticBase):
+class WeightedOneFOneBSchedule(_StaticBase):
     """1F1B order with micro-batches placed on replicas in proportion to their speeds.
 
     The static baseline osprey has to beat on a heterogeneous cluster: what an engineer would

@@ -228,7 +228,7 @@ def lanes_plan(cls_name: str, ranks: int, lane_microbatches: Sequence[Sequence[i
     return plan
 
 
-class TorchOrderScheduler:
+class TorchOrderSchedule:
     """A schedule torch ships, as a static baseline: its generated order (``replicated_plan``) every
     step, measurements ignored. ``stages`` are ranks: a schedule of ``chunks`` chunks per rank plans
     ``chunks`` x ``stages`` virtual stages (the simulator cuts each stage's cost into that many equal
@@ -267,35 +267,35 @@ class TorchOrderScheduler:
         """Nothing to restore: the order is a function of the sizes."""
 
 
-class TorchGPipe(TorchOrderScheduler):
+class TorchGPipe(TorchOrderSchedule):
     name, torch_class = "torch-gpipe", "ScheduleGPipe"
 
 
-class Torch1F1B(TorchOrderScheduler):
+class Torch1F1B(TorchOrderSchedule):
     name, torch_class = "torch-1f1b", "Schedule1F1B"
 
 
-class TorchInterleaved1F1B(TorchOrderScheduler):
+class TorchInterleaved1F1B(TorchOrderSchedule):
     name, torch_class, chunks = "torch-interleaved-1f1b", "ScheduleInterleaved1F1B", 2
 
 
-class TorchLoopedBFS(TorchOrderScheduler):
+class TorchLoopedBFS(TorchOrderSchedule):
     name, torch_class, chunks = "torch-looped-bfs", "ScheduleLoopedBFS", 2
 
 
-class TorchZeroBubble(TorchOrderScheduler):
+class TorchZeroBubble(TorchOrderSchedule):
     """``ScheduleInterleavedZeroBubble`` with one chunk per rank (ZB-H1)."""
 
     name, torch_class = "torch-zb", "ScheduleInterleavedZeroBubble"
 
 
-class TorchInterleavedZeroBubble(TorchOrderScheduler):
+class TorchInterleavedZeroBubble(TorchOrderSchedule):
     name, torch_class, chunks = "torch-interleaved-zb", "ScheduleInterleavedZeroBubble", 2
 
 
-class TorchZBV(TorchOrderScheduler):
+class TorchZBV(TorchOrderSchedule):
     name, torch_class, chunks = "torch-zbv", "ScheduleZBVZeroBubble", 2
 
 
-class TorchDualPipeV(TorchOrderScheduler):
+class TorchDualPipeV(TorchOrderSchedule):
     name, torch_class, chunks = "torch-dualpipev", "ScheduleDualPipeV", 2

@@ -8,9 +8,21 @@
     sample_draws.py   the table's drawing half: the distribution, draws, plans with importance weights
     sample_deriver.py the scheduler's "sample" deriver around one table
     p3.py             P3's slice size and credit window, for both P3 runtimes (config, or the rule over the measured link)
+    sample_modes.py   the sample modes' registry (importance, annealed, selective-backprop, rho-loss)
+    sample_switch.py  the pay switch: priority draws off while their predicted gain is below their cost
+    selective_backprop.py  Selective-Backprop's per-worker choice of the high-loss share
+    gradient.py       the gradient axis: which arrived gradients a straggler step applies, and how many
+    bandit.py         the discounted-UCB bandit that tunes the gradient priority's weights
+    pipeline.py       the pipeline axis: the configured schedule as a deriver, one ``MicroBatchPlan`` per step
     continuity.py     the continuity check: a collapsed (too flat / too peaked) distribution, recalibration
     estimators.py     the one exponential moving average (osprey's latencies, sample scores)
     sumtree.py        the sum-tree behind O(B log N) draws and updates
 
 Pure numpy/torch: nothing here imports ray.
 """
+
+from pdml_ray.priority.continuity import ContinuityMonitor, measure, recalibrate_priorities
+from pdml_ray.priority.registry import DERIVERS
+from pdml_ray.priority.sample import SamplePrioritizer
+
+__all__ = ["DERIVERS", "ContinuityMonitor", "SamplePrioritizer", "measure", "recalibrate_priorities"]

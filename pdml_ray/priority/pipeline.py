@@ -26,8 +26,8 @@ from typing import Any
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, MicroBatchPlan, Rejection, WorkerReport
 from pdml_ray.errors import ConfigError, ReportError, StateError
-from pdml_ray.pipeline.plan import Kind, Measurement, PipelineScheduler
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.plan import Kind, Measurement, PipelineSchedule
+from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.priority.base import Deriver, GaugeValue
 
 MAX_ROWS_PER_OBSERVATION = 1 << 21
@@ -87,7 +87,7 @@ class PipelineDeriver(Deriver):
         assert config.pipeline is not None
         self.pipeline = config.pipeline
         self.shape: dict[str, Any] | None = None
-        self.schedule: PipelineScheduler | None = None
+        self.schedule: PipelineSchedule | None = None
         self.steps_observed = 0
         self.plans = 0
         self.plan_s = 0.0
@@ -100,7 +100,7 @@ class PipelineDeriver(Deriver):
             raise ReportError(f"pipeline shape must be a mapping of exactly stages, replicas, microbatches, got "
                               f"{shape!r:.200}")
         try:
-            schedule = make_scheduler(self.pipeline.schedule, stages=shape["stages"], replicas=shape["replicas"],
+            schedule = make_schedule(self.pipeline.schedule, stages=shape["stages"], replicas=shape["replicas"],
                                       microbatches=shape["microbatches"], config=self.pipeline)
         except ConfigError as e:
             raise ReportError(f"pipeline shape refused: {e}") from None

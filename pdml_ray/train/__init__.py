@@ -2,6 +2,19 @@
 
 ``PDMLTrainer`` (and with it Ray) is imported on first use, so the worker-side pieces
 (``pdml_ray.train.context``, ``step``, ``wrappers``, ``timing``) import without Ray.
+
+The modules:
+
+    trainer.py         ``PDMLTrainer``, Ray Train's ``TorchTrainer`` plus the run's scheduler actor
+    context.py         the in-loop context: steps, batch sampler, checkpoints (Ray-free)
+    step.py            the step block (``ctx.step``) and the batch it trains (``StepBatch``)
+    wrappers.py        gradient weights ``b_i / B`` through DDP's hook or FSDP2's loss scale
+    timing.py          a step's compute time, measured without waiting on a collective
+    ray_data.py        Ray Data input: materialised datasets read by row position at each worker's batch size (``ctx.iter_torch_batches``)
+    result_metrics.py  pdml-ray's figures in ``Result.metrics``
+    p3_sync.py         P3's send order for all-reduce users in Ray Train
+    irreducible.py     RHO-LOSS's irreducible-loss model: a holdout carved off, trained, its per-sample losses and their cost
+    workloads.py       small real workloads on generated data (demo, benchmarks, tests)
 """
 
 from __future__ import annotations
@@ -9,11 +22,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pdml_ray.train.context import PDMLContext, StepBatch, get_context
+from pdml_ray.train.workloads import classification_loop
 
 if TYPE_CHECKING:
     from pdml_ray.train.trainer import PDMLRunInfo, PDMLTrainer
 
-__all__ = ["PDMLContext", "PDMLRunInfo", "PDMLTrainer", "StepBatch", "get_context"]
+__all__ = ["PDMLContext", "PDMLRunInfo", "PDMLTrainer", "StepBatch", "classification_loop", "get_context"]
 
 
 def __getattr__(name: str) -> Any:

@@ -227,13 +227,13 @@ def test_a_pipeline_runtime_exports_its_measured_bubble_from_the_driver(cluster)
     import torch
     from torch import nn
 
-    from pdml_ray.pipeline.registry import make_scheduler
+    from pdml_ray.pipeline.registry import make_schedule
     from pdml_ray.runtime.pipeline import PipelineRuntime
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
     with PipelineRuntime(model, 2, 1, nn.MSELoss(), num_cpus_per_actor=0.25, metrics_name="prom-pipeline") as rt:
-        scheduler = make_scheduler("1f1b", stages=2, replicas=1, microbatches=4)
+        scheduler = make_schedule("1f1b", stages=2, replicas=1, microbatches=4)
         x, y = torch.randn(16, 8), torch.randn(16, 4)
         for step in range(2):
             rt.run_step(scheduler, x, y, step)

@@ -22,7 +22,7 @@ from torch import nn
 
 from pdml_ray.pipeline.faults import Reroute, exclude_replicas
 from pdml_ray.pipeline.plan import Kind, Measurement, Plan
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.runtime.pipeline import PipelineRuntime
 from pdml_ray.runtime.pipeline_faults import PipelineFaultError
 
@@ -99,7 +99,7 @@ def test_a_replica_dying_mid_step_loses_no_gradient_and_later_steps_run_on_the_s
     (ref1, ref2, ref3), losses = _reference(3)
     runtime.set_parameters(INITIAL)
     dead_before = dict(runtime.dead)
-    scheduler = make_scheduler(schedule, stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    scheduler = make_schedule(schedule, stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
     ok = runtime.run_step(scheduler, *_batch(0), step=0)
     assert ok.reroutes == () and (ok.replan is None) == (not dead_before)
     _assert_params(runtime, ref1)
@@ -145,7 +145,7 @@ def test_a_replica_dying_mid_step_loses_no_gradient_and_later_steps_run_on_the_s
 def test_a_replica_dying_in_the_gradient_exchange_is_made_up_for(runtime):
     (ref1, ref2), _ = _reference(2)
     runtime.set_parameters(INITIAL)
-    scheduler = make_scheduler("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    scheduler = make_schedule("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
     plan = scheduler.plan(0)
     running = exclude_replicas(plan, [runtime._alive(k) for k in range(STAGES)])
     victim, survivor = running.alive[2]  # one replica of stage 2 died under osprey
@@ -180,7 +180,7 @@ def test_ray_kill_during_a_step_is_survived(runtime):
     (ref1,), _ = _reference(1)
     runtime.set_parameters(INITIAL)
     runtime.set_speed(0, 1, 0.01)  # EMULATED: s0r1 sleeps 99x its compute, so its work outlasts the kill's delay
-    scheduler = _KillAfterPlanning(make_scheduler("gpipe", stages=STAGES, replicas=REPLICAS,
+    scheduler = _KillAfterPlanning(make_schedule("gpipe", stages=STAGES, replicas=REPLICAS,
                                                   microbatches=MICROBATCHES), runtime._actors[0][1], 0.05)
     try:
         result = runtime.run_step(scheduler, *_batch(0), step=7)
@@ -196,7 +196,7 @@ def test_ray_kill_during_a_step_is_survived(runtime):
 
 def test_a_stage_losing_every_replica_is_a_clear_error_not_a_hang(runtime):
     assert runtime.live_replicas == (1, 1, 1)  # after the tests above
-    scheduler = make_scheduler("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    scheduler = make_schedule("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
     (last,) = runtime._alive(1)
     runtime.inject_death(1, last, "F", 2)
     start = time.perf_counter()

@@ -13,7 +13,7 @@ from torch import nn
 
 from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.plan import Kind
-from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
+from pdml_ray.pipeline.registry import PROJECT_SCHEDULES, make_schedule
 from pdml_ray.bench.pipeline_actors import compare_schedules
 from pdml_ray.runtime.pipeline import PipelineRuntime
 
@@ -56,10 +56,10 @@ def test_runtime_splits_the_model_by_parameters(runtime):
     assert [p.shape for p in runtime.parameters()] == [p.shape for p in _model().parameters()]
 
 
-@pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
+@pytest.mark.parametrize("schedule", sorted(PROJECT_SCHEDULES))
 def test_one_step_equals_the_unsplit_model_under_every_schedule(runtime, reference_step, schedule):
     initial, x, y, ref_loss, ref_params = reference_step
-    scheduler = make_scheduler(schedule, stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    scheduler = make_schedule(schedule, stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
     # One step first, so that adaptive schedulers have measurements and the checked step runs their
     # own plan (reordered, uneven placement) rather than the static warm start.
     runtime.run_step(scheduler, x, y, step=0)
@@ -92,7 +92,7 @@ def test_osprey_moves_work_away_from_a_slow_replica(runtime, reference_step):
     slow = (1, 1)
     runtime.set_speed(*slow, 0.2)  # EMULATED: sleeps 4x its compute after every action
     try:
-        scheduler = make_scheduler("osprey", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+        scheduler = make_schedule("osprey", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
         results = [runtime.run_step(scheduler, x, y, step=s) for s in range(4)]
     finally:
         runtime.set_speed(*slow, 1.0)
@@ -112,10 +112,10 @@ def test_osprey_moves_work_away_from_a_slow_replica(runtime, reference_step):
 
 def test_a_plan_for_another_shape_is_refused(runtime, reference_step):
     _, x, y, _, _ = reference_step
-    scheduler = make_scheduler("1f1b", stages=STAGES, replicas=1, microbatches=MICROBATCHES)
+    scheduler = make_schedule("1f1b", stages=STAGES, replicas=1, microbatches=MICROBATCHES)
     with pytest.raises(PlanError, match="build the scheduler with the runtime's stages and replicas"):
         runtime.run_step(scheduler, x, y, step=0)
-    too_many = make_scheduler("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=x.shape[0] + 1)
+    too_many = make_schedule("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=x.shape[0] + 1)
     with pytest.raises(PlanError, match="at least one sample per micro-batch"):
         runtime.run_step(too_many, x, y, step=0)
 
@@ -123,7 +123,7 @@ def test_a_plan_for_another_shape_is_refused(runtime, reference_step):
 def test_a_failed_step_leaves_the_runtime_usable(runtime, reference_step):
     initial, x, y, _, _ = reference_step
     runtime.set_parameters(initial)
-    scheduler = make_scheduler("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    scheduler = make_schedule("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
     with pytest.raises(ray.exceptions.RayTaskError, match="size of tensor"):
         runtime.run_step(scheduler, x, y[:, :7], step=0)  # the last stage's loss fails on the shape
     assert all(torch.equal(a, b) for a, b in zip(runtime.parameters(), initial))  # no partial update

@@ -14,7 +14,7 @@ from pdml_ray.config import (GradientPriorityConfig, NodePriorityConfig, P3Confi
 from pdml_ray.decisions import WorkerReport
 from pdml_ray.errors import ConfigError, PlanError, shown
 from pdml_ray.pipeline.plan import Plan, validate
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.scheduler import Scheduler
 
 
@@ -144,7 +144,7 @@ def test_malformed_arguments_exit_2_with_one_short_line(argv, capsys):
 
 # -- plans -------------------------------------------------------------------------------------------
 def _plan() -> dict:
-    return make_scheduler("1f1b", stages=2, replicas=2, microbatches=2).plan(0).to_dict()
+    return make_schedule("1f1b", stages=2, replicas=2, microbatches=2).plan(0).to_dict()
 
 
 @pytest.mark.parametrize("mutate, match", [

@@ -33,7 +33,7 @@ from pdml_ray.config import (ContinuityConfig, GradientPriorityConfig, NodePrior
                              PDMLConfig, PipelineConfig, SamplePriorityConfig)
 from pdml_ray.errors import PDMLError
 from pdml_ray.pipeline.plan import Plan, validate
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.registry import make_schedule
 
 MAX_LINES, MAX_CHARS, MAX_SECONDS = 2, 500, 10.0
 """A refusal is one or two lines of at most ~500 characters, within 10 s (a crash otherwise): far above a
@@ -372,7 +372,7 @@ HUGE_ORDERS = {f"0,{i}": [] for i in range(50_000)}
 
 def _real_plan(rng: np.random.Generator) -> dict[str, Any]:
     name = _pick(rng, ["gpipe", "1f1b", "critical-path"])
-    return make_scheduler(name, stages=int(rng.integers(1, 4)), replicas=int(rng.integers(1, 3)),
+    return make_schedule(name, stages=int(rng.integers(1, 4)), replicas=int(rng.integers(1, 3)),
                           microbatches=int(rng.integers(1, 5))).plan(0).to_dict()
 
 

@@ -23,7 +23,7 @@ from pdml_ray.config.node import NodePriorityConfig
 from pdml_ray.decisions import Boundary, SamplePlan, WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, PlanError
 from pdml_ray.pipeline.plan import Plan, format, validate
-from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
+from pdml_ray.pipeline.registry import PROJECT_SCHEDULES, make_schedule
 from pdml_ray.priority.sample import SamplePrioritizer
 from pdml_ray.scheduler import Scheduler
 
@@ -241,7 +241,7 @@ def test_sample_plans_validate_or_raise_a_plan_error(pairs, batch_sizes, num_sam
 ACTIONS = st.one_of(st.sampled_from(["s0r0F0", "s0r0B0", "s1r0F0", "s1r0B0", "s0r1F1", "s0r0F1", "s0r0B1", "x",
                                      "s9r9F9", "s0r0F99999999999999999999"]), NASTY)
 def _real_plan(name: str, stages: int, replicas: int, microbatches: int) -> dict:
-    return make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches).plan(0).to_dict()
+    return make_schedule(name, stages=stages, replicas=replicas, microbatches=microbatches).plan(0).to_dict()
 
 
 def _mutated(plan: dict, key: str, value: object, drop_action: bool) -> dict:
@@ -290,12 +290,12 @@ def test_pipeline_plan_dicts_are_loaded_valid_or_refused_with_a_plan_error(data)
 
 
 @FUZZ
-@given(st.sampled_from(sorted(SCHEDULERS) + ["nope"]), st.one_of(st.integers(-1, 4), NASTY),
+@given(st.sampled_from(sorted(PROJECT_SCHEDULES) + ["nope"]), st.one_of(st.integers(-1, 4), NASTY),
        st.one_of(st.integers(-1, 3), st.lists(st.integers(-1, 3), max_size=4), NASTY), st.one_of(st.integers(-1, 8), NASTY))
 def test_schedule_sizes_are_built_or_refused_with_a_config_error(name, stages, replicas, microbatches):
     FUZZED["schedule sizes"] += 1
     try:
-        scheduler = make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches,
+        scheduler = make_schedule(name, stages=stages, replicas=replicas, microbatches=microbatches,
                                    config=PipelineConfig())
     except ConfigError as e:
         assert str(e)
@@ -306,9 +306,9 @@ def test_schedule_sizes_are_built_or_refused_with_a_config_error(name, stages, r
 
 def test_the_issues_schedule_size_example():
     with pytest.raises(ConfigError, match="replicas"):
-        make_scheduler("gpipe", stages=1, replicas=0, microbatches=4)
+        make_schedule("gpipe", stages=1, replicas=0, microbatches=4)
     with pytest.raises(ConfigError, match="microbatches"):
-        make_scheduler("1f1b", stages=2, replicas=1, microbatches=10**12)
+        make_schedule("1f1b", stages=2, replicas=1, microbatches=10**12)
 
 
 def test_zz_fuzz_counts(capsys):

@@ -8,17 +8,17 @@ import pytest
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError, StateError
-from pdml_ray.pipeline.auto import AutoDecision, AutoScheduler, latency_dispersion
-from pdml_ray.pipeline.osprey import OspreyDecision, OspreyScheduler
+from pdml_ray.pipeline.auto import AutoDecision, AutoSchedule, latency_dispersion
+from pdml_ray.pipeline.osprey import OspreyDecision, OspreySchedule
 from pdml_ray.pipeline.plan import Kind, Measurement, validate
-from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
+from pdml_ray.pipeline.registry import PROJECT_SCHEDULES, make_schedule
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, simulate_schedule
 
 F, B = Kind.FORWARD, Kind.BACKWARD
 
 
 def test_ema_first_measurement_replaces_prior_then_blends() -> None:
-    o = OspreyScheduler(stages=1, replicas=(2,), microbatches=2,
+    o = OspreySchedule(stages=1, replicas=(2,), microbatches=2,
                         config=OspreyConfig(ema_alpha=0.25, stale_relax=0.5, jump_threshold=0.0))
     o.observe([Measurement(0, 0, F, 0, 2.0), Measurement(0, 0, F, 1, 4.0), Measurement(0, 0, B, 0, 6.0),
                Measurement(0, 1, F, 0, 1.0), Measurement(0, 1, B, 0, 2.0)])
@@ -33,7 +33,7 @@ def test_ema_first_measurement_replaces_prior_then_blends() -> None:
 
 
 def test_stale_relax_writes_into_the_ema() -> None:
-    o = OspreyScheduler(stages=2, replicas=(2, 1), microbatches=2,
+    o = OspreySchedule(stages=2, replicas=(2, 1), microbatches=2,
                         config=OspreyConfig(ema_alpha=0.5, stale_relax=0.5, jump_threshold=0.0))
     o.observe([Measurement(0, 0, F, 0, 2.0), Measurement(0, 0, B, 0, 4.0), Measurement(0, 1, F, 0, 4.0),
                Measurement(0, 1, B, 0, 8.0), Measurement(1, 0, F, 0, 1.0), Measurement(1, 0, B, 0, 2.0)])
@@ -47,7 +47,7 @@ def test_stale_relax_writes_into_the_ema() -> None:
 
 def test_slow_replica_gets_fewer_microbatches_and_weights_follow_speed() -> None:
     profile = ClusterProfile.build(3, 2, speeds=((1.0, 1.0), (1.0, 0.5), (1.0, 1.0)))
-    o = OspreyScheduler(stages=3, replicas=(2, 2, 2), microbatches=12, config=PipelineConfig(memory_limit=3))
+    o = OspreySchedule(stages=3, replicas=(2, 2, 2), microbatches=12, config=PipelineConfig(memory_limit=3))
     simulate_schedule(o, PipelineSimulator(profile), 2)
     plan = o.plan(2)  # stage 1 is rank 1's first chunk whatever the plan's layout
     counts = [sum(1 for (k, _), rep in plan.placement.items() if k == 1 and rep == r) for r in range(2)]
@@ -60,7 +60,7 @@ def test_slow_replica_gets_fewer_microbatches_and_weights_follow_speed() -> None
 
 
 def test_a_level_shift_replaces_the_estimate_and_split_measurements_keep_b_as_i_plus_w() -> None:
-    o = OspreyScheduler(stages=1, replicas=(1,), microbatches=2, config=OspreyConfig(ema_alpha=0.25, jump_threshold=0.25))
+    o = OspreySchedule(stages=1, replicas=(1,), microbatches=2, config=OspreyConfig(ema_alpha=0.25, jump_threshold=0.25))
     o.observe([Measurement(0, 0, F, 0, 1.0), Measurement(0, 0, B, 0, 2.0)])
     o.observe([Measurement(0, 0, F, 0, 1.1), Measurement(0, 0, B, 0, 4.0)])  # F within 25%: blended; B doubled: jumps
     assert o.est[0][0][0] == pytest.approx(0.75 * 1.0 + 0.25 * 1.1) and o.est[0][0][1] == 4.0
@@ -69,7 +69,7 @@ def test_a_level_shift_replaces_the_estimate_and_split_measurements_keep_b_as_i_
 
 
 def test_momentum_and_rebalance_threshold() -> None:
-    o = OspreyScheduler(stages=1, replicas=(2,), microbatches=4,
+    o = OspreySchedule(stages=1, replicas=(2,), microbatches=4,
                         config=OspreyConfig(momentum=0.5, rebalance_threshold=0.0, jump_threshold=0.0))
     o.observe([Measurement(0, 0, F, 0, 1.0), Measurement(0, 0, B, 0, 2.0),
                Measurement(0, 1, F, 0, 1.0), Measurement(0, 1, B, 0, 2.0)])
@@ -77,15 +77,15 @@ def test_momentum_and_rebalance_threshold() -> None:
     o.observe([Measurement(0, 1, F, 0, 5.0), Measurement(0, 1, B, 0, 10.0)])  # replica 1 now 3x slower (EMA 0.5)
     # EMA: replica 1 period = 0.5 * 3 + 0.5 * 15 = 9 s; target shares (1/3, 1/9) normalised = (0.75, 0.25).
     assert o.weights == pytest.approx([0.5 * 0.5 + 0.5 * 0.75, 0.5 * 0.5 + 0.5 * 0.25])
-    sticky = OspreyScheduler(stages=1, replicas=(2,), microbatches=4, config=OspreyConfig(rebalance_threshold=0.2))
+    sticky = OspreySchedule(stages=1, replicas=(2,), microbatches=4, config=OspreyConfig(rebalance_threshold=0.2))
     sticky.observe([Measurement(0, 0, F, 0, 1.0), Measurement(0, 1, F, 0, 1.0)])
     sticky.observe([Measurement(0, 1, F, 0, 1.3)])
     assert sticky.weights == pytest.approx([0.5, 0.5]) and sticky.last_decision.rebalanced is False
 
 
 def test_warm_start_is_the_static_plan_with_reordering() -> None:
-    o = make_scheduler("osprey", stages=3, replicas=2, microbatches=6)
-    static = make_scheduler("1f1b", stages=3, replicas=2, microbatches=6).plan(0)
+    o = make_schedule("osprey", stages=3, replicas=2, microbatches=6)
+    static = make_schedule("1f1b", stages=3, replicas=2, microbatches=6).plan(0)
     plan = o.plan(0)
     assert plan.orders == static.orders and plan.reorder is True and plan.schedule == "osprey"
 
@@ -95,7 +95,7 @@ def test_osprey_beats_1f1b_on_heterogeneous_replicas() -> None:
     config = PipelineConfig(memory_limit=4)
     res = {}
     for name in ("1f1b", "osprey"):
-        s = make_scheduler(name, stages=4, replicas=4, microbatches=16, config=config)
+        s = make_schedule(name, stages=4, replicas=4, microbatches=16, config=config)
         res[name] = [r.makespan_s for r in simulate_schedule(s, PipelineSimulator(profile), 4, check=True)]
     assert res["osprey"][0] == res["1f1b"][0]  # warm start
     assert res["osprey"][-1] < 0.8 * res["1f1b"][-1]
@@ -105,14 +105,14 @@ def test_osprey_beats_1f1b_on_heterogeneous_replicas() -> None:
 def test_memory_limit_never_exceeded(limit: int) -> None:
     profile = ClusterProfile.build(4, 2, profile="noisy", speeds=((1, 1), (1, 0.4), (1, 1), (0.7, 1)), memory_limit=limit)
     for name in ("osprey", "auto"):
-        s = make_scheduler(name, stages=4, replicas=2, microbatches=12, config=PipelineConfig(memory_limit=limit))
+        s = make_schedule(name, stages=4, replicas=2, microbatches=12, config=PipelineConfig(memory_limit=limit))
         for r in simulate_schedule(s, PipelineSimulator(profile, seed=3), 4, check=True):
             assert r.memory_violations == 0
             assert max(r.peak_activation.values()) <= limit  # in activations of a whole stage (a chunk holds half)
 
 
 def test_auto_chooses_static_on_a_uniform_cluster() -> None:
-    auto = AutoScheduler(stages=4, replicas=(2,) * 4, microbatches=16)
+    auto = AutoSchedule(stages=4, replicas=(2,) * 4, microbatches=16)
     assert auto.last_decision.choice == "static" and "no measurements" in auto.last_decision.reason
     simulate_schedule(auto, PipelineSimulator(ClusterProfile.build(4, 2)), 2)
     d = auto.last_decision
@@ -122,12 +122,12 @@ def test_auto_chooses_static_on_a_uniform_cluster() -> None:
 
 
 def test_auto_chooses_osprey_on_dispersion_and_on_bubble() -> None:
-    hetero = AutoScheduler(stages=4, replicas=(2,) * 4, microbatches=16)
+    hetero = AutoSchedule(stages=4, replicas=(2,) * 4, microbatches=16)
     simulate_schedule(hetero, PipelineSimulator(ClusterProfile.build(4, 2, speeds=((1, 1), (1, 0.5), (1, 1), (1, 1)))), 2)
     assert hetero.last_decision.choice == "osprey" and "dispersion" in hetero.last_decision.reason
     assert hetero.plan(2).schedule == "osprey"
     # One replica per stage, 8 stages, 4 micro-batches: 1F1B's bubble is 7/11 > 30%.
-    bubbly = AutoScheduler(stages=8, replicas=(1,) * 8, microbatches=4)
+    bubbly = AutoSchedule(stages=8, replicas=(1,) * 8, microbatches=4)
     simulate_schedule(bubbly, PipelineSimulator(ClusterProfile.build(8, 1)), 2)
     assert bubbly.last_decision.choice == "osprey" and "bubble" in bubbly.last_decision.reason
     assert bubbly.last_decision.predicted_static_bubble == pytest.approx(7 / 11)
@@ -149,7 +149,7 @@ def test_configs_reject_bad_values_with_fixes() -> None:
     with pytest.raises(ConfigError, match=r"pipeline.stage_costs\[1\]"):
         PipelineConfig(stage_costs=[(1.0, 2.0), (1.0, -1.0)])
     assert PipelineConfig().auto_dispersion_threshold == 0.05 and PipelineConfig().auto_bubble_threshold == 0.30
-    validate(make_scheduler("osprey", stages=2, replicas=1, microbatches=2).plan(0))
+    validate(make_schedule("osprey", stages=2, replicas=1, microbatches=2).plan(0))
 
 
 def _decisions_over_a_run(replicas: tuple[int, ...]) -> list:
@@ -158,7 +158,7 @@ def _decisions_over_a_run(replicas: tuple[int, ...]) -> list:
     profile = ClusterProfile.build(3, replicas, profile="noisy", memory_limit=3)
     out = []
     for name in ("osprey", "auto"):
-        s = make_scheduler(name, stages=3, replicas=replicas, microbatches=7, config=config)
+        s = make_schedule(name, stages=3, replicas=replicas, microbatches=7, config=config)
         sim = PipelineSimulator(profile, seed=1)
         out.append(s.last_decision)
         for step in range(3):
@@ -194,17 +194,17 @@ def test_decision_records_round_trip_through_json(replicas: tuple[int, ...]) -> 
     assert list(auto[-1].to_dict()) == ["choice", "schedule", "reason", "dispersion", "predicted_static_bubble"]
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("name", sorted(PROJECT_SCHEDULES))
 def test_every_scheduler_implements_the_whole_protocol(name: str) -> None:
     config = PipelineConfig(memory_limit=2)
-    a = make_scheduler(name, stages=2, replicas=(2, 1), microbatches=5, config=config)
+    a = make_schedule(name, stages=2, replicas=(2, 1), microbatches=5, config=config)
     sim = PipelineSimulator(ClusterProfile.build(2, (2, 1), profile="heterogeneous", memory_limit=2))
     for step in range(2):
         a.observe(sim.run_step(a.plan(step), step).measurements)
     assert a.name == name
     assert (a.last_decision is None) == (name in ("gpipe", "1f1b", "critical-path"))
     # A fresh scheduler loaded with the state (through JSON) plans exactly the same, decides the same.
-    b = make_scheduler(name, stages=2, replicas=(2, 1), microbatches=5, config=config)
+    b = make_schedule(name, stages=2, replicas=(2, 1), microbatches=5, config=config)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
     assert b.plan(2) == a.plan(2) and b.last_decision == a.last_decision
 
@@ -219,11 +219,11 @@ def test_osprey_warm_starts_from_the_best_static_order_zero_bubble_and_chunks_in
     # Homogeneous 4 x 1, 16 micro-batches, F = 1, B = 2: a two-chunk zero-bubble order of torch's is
     # the best static order; osprey, planning a step ahead, runs it from its third step on.
     profile = ClusterProfile.build(4, 1, memory_limit=4)
-    statics = {n: PipelineSimulator(profile).run_step(make_scheduler(n, stages=4, replicas=1, microbatches=16).plan(0))
+    statics = {n: PipelineSimulator(profile).run_step(make_schedule(n, stages=4, replicas=1, microbatches=16).plan(0))
                for n in ("1f1b", "torch-zb", "torch-interleaved-zb", "torch-zbv")}
     best = min(r.makespan_s for r in statics.values())
     assert best < statics["torch-zb"].makespan_s < statics["1f1b"].makespan_s
-    o = make_scheduler("osprey", stages=4, replicas=1, microbatches=16, config=_any(4))
+    o = make_schedule("osprey", stages=4, replicas=1, microbatches=16, config=_any(4))
     sim = PipelineSimulator(profile)
     ahead = o.plan(0)
     for step in range(4):  # plan step + 1 before step's measurements arrive (the one-step-old view)
@@ -232,7 +232,7 @@ def test_osprey_warm_starts_from_the_best_static_order_zero_bubble_and_chunks_in
         o.observe(result.measurements)
     assert result.makespan_s == pytest.approx(best) and result.memory_violations == 0
     assert o.est[0][0] == pytest.approx((1.0, 2.0, 1.0, 1.0))  # chunks measured at half, mapped back whole
-    only_fb = make_scheduler("osprey", stages=4, replicas=1, microbatches=16, config=PipelineConfig(memory_limit=4))
+    only_fb = make_schedule("osprey", stages=4, replicas=1, microbatches=16, config=PipelineConfig(memory_limit=4))
     for step in range(3):
         plan = only_fb.plan(step)
         assert not plan.split_backward and plan.num_stages == 4  # what the Ray-actor runtime runs
@@ -241,14 +241,14 @@ def test_osprey_warm_starts_from_the_best_static_order_zero_bubble_and_chunks_in
 
 def test_osprey_routes_torch_orders_over_its_lanes_away_from_a_slow_replica() -> None:
     profile = ClusterProfile.build(4, 4, speeds=((1,) * 4, (1,) * 4, (1,) * 4, (0.5, 1, 1, 1)), memory_limit=4)
-    o = make_scheduler("osprey", stages=4, replicas=4, microbatches=16, config=_any(4))
+    o = make_schedule("osprey", stages=4, replicas=4, microbatches=16, config=_any(4))
     results = simulate_schedule(o, PipelineSimulator(profile), 3)
     plan = o.plan(3)
     assert o.last_decision.chosen.endswith("@lanes")
     slow_share = sum(1 for (k, _), r in plan.placement.items() if k == 3 and r == 0)
     assert slow_share < 16 // 4  # fewer than round robin's 4 micro-batches
     round_robin = PipelineSimulator(profile).run_step(
-        make_scheduler(o.last_decision.chosen.removesuffix("@lanes"), stages=4, replicas=4, microbatches=16).plan(0))
+        make_schedule(o.last_decision.chosen.removesuffix("@lanes"), stages=4, replicas=4, microbatches=16).plan(0))
     assert results[-1].makespan_s < 0.8 * round_robin.makespan_s
 
 
@@ -257,7 +257,7 @@ def test_osprey_predicts_with_the_configured_transfer_time() -> None:
         PipelineConfig(transfer_s=-1.0)
     predicted = {}
     for transfer in (0.0, 0.5):
-        o = make_scheduler("osprey", stages=4, replicas=1, microbatches=8,
+        o = make_schedule("osprey", stages=4, replicas=1, microbatches=8,
                            config=PipelineConfig(memory_limit=4, transfer_s=transfer, osprey=OspreyConfig(plans="any")))
         o.observe(PipelineSimulator(ClusterProfile.build(4, 1)).run_step(o.plan(0)).measurements)
         o.plan(1)
@@ -269,7 +269,7 @@ def test_osprey_predicts_with_the_configured_transfer_time() -> None:
 def test_uneven_micro_batches_are_divided_out_equal_ones_are_not() -> None:
     def est_after(costs: list[float]) -> tuple[float, float]:
         # 3 stages, stage 0 with two replicas: micro-batches 0, 1 on replica 0, 2, 3 on replica 1.
-        o = OspreyScheduler(stages=3, replicas=(2, 1, 1), microbatches=4, config=OspreyConfig(jump_threshold=0.0))
+        o = OspreySchedule(stages=3, replicas=(2, 1, 1), microbatches=4, config=OspreyConfig(jump_threshold=0.0))
         o.observe([Measurement(k, m // 2 if k == 0 else 0, kind, m, c * (1.0 if kind is F else 2.0))
                    for k in range(3) for kind in (F, Kind.BACKWARD) for m, c in enumerate(costs)])
         return o.est[0][0][0], o.est[0][1][0]

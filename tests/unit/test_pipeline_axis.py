@@ -9,7 +9,7 @@ from pdml_ray.config import PDMLConfig, PipelineConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan
 from pdml_ray.errors import ReportError
 from pdml_ray.pipeline.plan import Kind, Measurement
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.priority.registry import DERIVERS
 from pdml_ray.runtime.pipeline_plans import ScheduledPlans
 from pdml_ray.scheduler import Scheduler
@@ -49,7 +49,7 @@ def test_the_pipeline_axis_is_a_registered_deriver_built_without_a_node_section(
 
 def test_each_step_gets_a_stamped_plan_equal_to_the_schedule_run_directly():
     s = _scheduler()
-    direct = make_scheduler("osprey", stages=3, replicas=[2, 2, 2], microbatches=6, config=PipelineConfig(schedule="osprey"))
+    direct = make_schedule("osprey", stages=3, replicas=[2, 2, 2], microbatches=6, config=PipelineConfig(schedule="osprey"))
     for step in range(6):
         d = s.bundle(Boundary(step, 1, ()), {}).get("pipeline")
         assert isinstance(d, MicroBatchPlan) and d.version == step and d.effective_step == step
@@ -98,7 +98,7 @@ def test_a_restored_axis_plans_the_next_step_as_the_original():
 def test_planning_ahead_plans_step_t_plus_1_on_latencies_through_t_minus_1():
     config = PDMLConfig(pipeline=PipelineConfig(schedule="osprey"))
     plans = ScheduledPlans(config, stages=3, replicas=2, microbatches=6, in_process=True)
-    lagged = make_scheduler("osprey", stages=3, replicas=[2, 2, 2], microbatches=6, config=config.pipeline)
+    lagged = make_schedule("osprey", stages=3, replicas=[2, 2, 2], microbatches=6, config=config.pipeline)
     expected = [lagged.plan(0).to_dict(), lagged.plan(1).to_dict()]  # both asked before any latency
     for step in range(6):
         plan = plans.plan(step)

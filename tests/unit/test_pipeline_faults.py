@@ -9,13 +9,13 @@ from pdml_ray.errors import PlanError
 from pdml_ray.pipeline.dispatch import Dispatcher
 from pdml_ray.pipeline.faults import exclude_replicas, pick_survivor
 from pdml_ray.pipeline.plan import Action, Kind, Plan, unit_time_grid, validate
-from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
+from pdml_ray.pipeline.registry import PROJECT_SCHEDULES, make_schedule
 
 S, R, M = 3, 2, 6
 
 
 def _plan(name: str, replicas: int | tuple[int, ...] = R, microbatches: int = M) -> Plan:
-    return make_scheduler(name, stages=S, replicas=replicas, microbatches=microbatches).plan(0)
+    return make_schedule(name, stages=S, replicas=replicas, microbatches=microbatches).plan(0)
 
 
 def _run(plan: Plan, kills: dict[int, tuple[int, int]]) -> tuple[dict[tuple[int, int], int], list, list[Action]]:
@@ -47,7 +47,7 @@ def _run(plan: Plan, kills: dict[int, tuple[int, int]]) -> tuple[dict[tuple[int,
     return owner, reroutes, completed
 
 
-@pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
+@pytest.mark.parametrize("schedule", sorted(PROJECT_SCHEDULES))
 @pytest.mark.parametrize("when", [0.0, 0.3, 0.6, 0.9])
 def test_a_replica_dying_mid_step_loses_no_micro_batch(schedule, when):
     plan = _plan(schedule)
@@ -100,7 +100,7 @@ def test_survivors_are_picked_least_loaded_then_lowest():
         pick_survivor({})
 
 
-@pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
+@pytest.mark.parametrize("schedule", sorted(PROJECT_SCHEDULES))
 def test_exclude_replicas_gives_a_valid_plan_on_the_survivors(schedule):
     plan = _plan(schedule, replicas=(2, 3, 2), microbatches=8)
     replan = exclude_replicas(plan, [[0, 1], [0, 2], [1]])
@@ -118,7 +118,7 @@ def test_exclude_replicas_gives_a_valid_plan_on_the_survivors(schedule):
 
 
 def test_exclude_replicas_raises_the_memory_limit_only_where_needed():
-    plan = make_scheduler("gpipe", stages=2, replicas=2, microbatches=8).plan(0)
+    plan = make_schedule("gpipe", stages=2, replicas=2, microbatches=8).plan(0)
     plan = Plan(plan.num_stages, plan.replicas, plan.num_microbatches, plan.orders, memory_limit=4, schedule="gpipe")
     validate(plan)  # gpipe holds all 4 micro-batches of a replica
     replan = exclude_replicas(plan, [[0, 1], [1]])

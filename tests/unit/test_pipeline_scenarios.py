@@ -7,7 +7,7 @@ import pytest
 
 from pdml_ray.errors import ConfigError
 from pdml_ray.pipeline.plan import Action, Kind, Plan
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.pipeline.scenarios import SCENARIOS, ScenarioConfig, memory_cap, scenario_profile
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, SlowWindow
 
@@ -24,7 +24,7 @@ def test_drift_slows_one_replica_for_its_window_then_recovers() -> None:
         slow = speeds[window.stage][window.replica]
         assert slow == (0.5 if 3 <= step < 9 else 1.0)
         assert sum(s for row in speeds for s in row) == 8 - (0.5 if 3 <= step < 9 else 0.0)
-    plan = make_scheduler("1f1b", stages=4, replicas=2, microbatches=8).plan(0)
+    plan = make_schedule("1f1b", stages=4, replicas=2, microbatches=8).plan(0)
     assert sim.run_step(plan, 5).makespan_s > sim.run_step(plan, 2).makespan_s == sim.run_step(plan, 9).makespan_s
 
 
@@ -41,7 +41,7 @@ def test_uneven_costs_are_long_tailed_quadratic_in_length_and_the_same_for_every
 
 def test_a_late_transfer_delays_its_consumer_by_its_own_seconds() -> None:
     # 2 stages, 1 micro-batch, F = 1, B = 2: the chain F0 F1 B1 B0 with two transfers between ranks.
-    plan = make_scheduler("1f1b", stages=2, replicas=1, microbatches=1).plan(0)
+    plan = make_schedule("1f1b", stages=2, replicas=1, microbatches=1).plan(0)
     on_time = PipelineSimulator(ClusterProfile.build(2, 1, transfer_s=0.5)).run_step(plan)
     assert on_time.makespan_s == pytest.approx(6 + 2 * 0.5)
     late = ClusterProfile.build(2, 1, transfer_s=0.5, transfer_delay_p=1.0, transfer_delay_s=3.0)
@@ -64,7 +64,7 @@ def test_memory_cap_is_below_what_1f1b_and_torch_orders_hold() -> None:
     assert memory_cap(8, ScenarioConfig()) == 4 and memory_cap(2, ScenarioConfig()) == 2
     profile = scenario_profile("memory-cap", 8, 1, seed=0, steps=2)
     assert profile.memory_limit == 4 and profile.seq_len_sigma == 0.8
-    result = PipelineSimulator(profile).run_step(make_scheduler("torch-1f1b", stages=8, replicas=1, microbatches=16).plan(0))
+    result = PipelineSimulator(profile).run_step(make_schedule("torch-1f1b", stages=8, replicas=1, microbatches=16).plan(0))
     assert result.memory_violations >= 4  # ranks 0..3 hold 8..5 activations of mean size one
 
 

@@ -10,7 +10,7 @@ from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import PlanError
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, round_robin, single_pipeline_schedule
 from pdml_ray.pipeline.plan import Kind, validate
-from pdml_ray.pipeline.registry import SCHEDULERS, make_scheduler
+from pdml_ray.pipeline.registry import PROJECT_SCHEDULES, make_schedule
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
 from pdml_ray.pipeline.static import critical_path_ranks
 
@@ -19,11 +19,11 @@ F, B = Kind.FORWARD, Kind.BACKWARD
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=5), st.integers(1, 12),
-       st.one_of(st.none(), st.integers(1, 6)), st.sampled_from(sorted(SCHEDULERS)))
+       st.one_of(st.none(), st.integers(1, 6)), st.sampled_from(sorted(PROJECT_SCHEDULES)))
 def test_every_schedule_is_valid(replicas: list[int], microbatches: int, limit: int | None, name: str) -> None:
     stages = len(replicas)
     config = PipelineConfig(memory_limit=limit)
-    scheduler = make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches, config=config)
+    scheduler = make_schedule(name, stages=stages, replicas=replicas, microbatches=microbatches, config=config)
     profile = ClusterProfile.build(stages, replicas, profile="heterogeneous", seed=microbatches, memory_limit=limit)
     sim = PipelineSimulator(profile, seed=1)
     for step in range(3):  # step 0 is the warm start; later steps use measurements (osprey, auto)
@@ -41,7 +41,7 @@ def test_every_schedule_is_valid(replicas: list[int], microbatches: int, limit: 
 def test_bubble_formula_equal_costs_one_replica(name: str, stages: int, microbatches: int) -> None:
     # f = b = 1 s: every stage is busy 2m of the 2(m + p - 1) seconds, bubble (p-1)/(m+p-1).
     profile = ClusterProfile.build(stages, 1, forward_s=1.0, backward_s=1.0)
-    plan = make_scheduler(name, stages=stages, replicas=1, microbatches=microbatches).plan(0)
+    plan = make_schedule(name, stages=stages, replicas=1, microbatches=microbatches).plan(0)
     result = PipelineSimulator(profile).run_step(plan)
     expected = (stages - 1) / (microbatches + stages - 1)
     assert result.makespan_s == pytest.approx(2 * (microbatches + stages - 1))
@@ -52,14 +52,14 @@ def test_bubble_formula_equal_costs_one_replica(name: str, stages: int, microbat
 def test_1f1b_holds_stages_minus_k_activations_gpipe_holds_all() -> None:
     S, M = 4, 10
     profile = ClusterProfile.build(S, 1)
-    one = PipelineSimulator(profile).run_step(make_scheduler("1f1b", stages=S, replicas=1, microbatches=M).plan(0))
-    gp = PipelineSimulator(profile).run_step(make_scheduler("gpipe", stages=S, replicas=1, microbatches=M).plan(0))
+    one = PipelineSimulator(profile).run_step(make_schedule("1f1b", stages=S, replicas=1, microbatches=M).plan(0))
+    gp = PipelineSimulator(profile).run_step(make_schedule("gpipe", stages=S, replicas=1, microbatches=M).plan(0))
     assert [one.peak_memory[(k, 0)] for k in range(S)] == [4, 3, 2, 1]
     assert [gp.peak_memory[(k, 0)] for k in range(S)] == [M] * S
 
 
 def test_gpipe_under_memory_limit_runs_in_rounds() -> None:
-    plan = make_scheduler("gpipe", stages=3, replicas=2, microbatches=10, config=PipelineConfig(memory_limit=2)).plan(0)
+    plan = make_schedule("gpipe", stages=3, replicas=2, microbatches=10, config=PipelineConfig(memory_limit=2)).plan(0)
     validate(plan)
     # Rounds of 2 x 2 = 4 micro-batches: replica 0 of stage 0 runs F0 F2 B0 B2, then F4 F6 ...
     assert [str(a) for a in plan.orders[(0, 0)][:6]] == ["s0r0F0", "s0r0F2", "s0r0B0", "s0r0B2", "s0r0F4", "s0r0F6"]
@@ -67,7 +67,7 @@ def test_gpipe_under_memory_limit_runs_in_rounds() -> None:
 
 def test_static_schedules_assign_round_robin() -> None:
     for name in ("gpipe", "1f1b", "1f1b-weighted", "critical-path"):  # 1f1b-weighted: before any measurement
-        plan = make_scheduler(name, stages=3, replicas=(2, 3, 1), microbatches=7).plan(0)
+        plan = make_schedule(name, stages=3, replicas=(2, 3, 1), microbatches=7).plan(0)
         assert dict(plan.placement) == round_robin(3, (2, 3, 1), 7)
         assert plan.reorder is False
 
@@ -80,7 +80,7 @@ def test_critical_path_ranks_are_remaining_chain_seconds() -> None:
 
 
 def test_critical_path_uses_measured_costs() -> None:
-    cp = make_scheduler("critical-path", stages=2, replicas=1, microbatches=2)
+    cp = make_schedule("critical-path", stages=2, replicas=1, microbatches=2)
     from pdml_ray.pipeline.plan import Measurement
 
     cp.observe([Measurement(0, 0, F, 0, 3.0), Measurement(0, 0, F, 1, 5.0), Measurement(1, 0, B, 0, 7.0)])
@@ -89,7 +89,7 @@ def test_critical_path_uses_measured_costs() -> None:
 
 def test_in_order_makespan_matches_simulator() -> None:
     profile = ClusterProfile.build(4, 2, profile="heterogeneous", transfer_s=0.25)
-    plan = make_scheduler("1f1b", stages=4, replicas=2, microbatches=9).plan(0)
+    plan = make_schedule("1f1b", stages=4, replicas=2, microbatches=9).plan(0)
     speeds = profile.speeds
     costs = [[(1.0 / s, 2.0 / s) for s in row] for row in speeds]
     predicted = in_order_makespan(plan.orders, 4, costs, transfer_s=0.25)
@@ -112,7 +112,7 @@ def test_in_order_makespan_names_a_deadlock_and_list_scheduling_refuses_zero_cap
 
 def test_unknown_schedule_lists_valid_names() -> None:
     with pytest.raises(ValueError, match=r"unknown pipeline schedule 'pipedream'.*'1f1b'.*'osprey'"):
-        make_scheduler("pipedream", stages=2, replicas=1, microbatches=2)
+        make_schedule("pipedream", stages=2, replicas=1, microbatches=2)
 
 
 # ---- 1f1b-weighted: 1F1B with micro-batches in proportion to replica speeds ----------------------
@@ -124,11 +124,11 @@ def _counts(plan, stage: int, replicas: int) -> list[int]:
 def test_weighted_1f1b_follows_given_speeds() -> None:
     from pdml_ray.pipeline.static import speed_weighted_placement
 
-    plan = make_scheduler("1f1b-weighted", stages=2, replicas=2, microbatches=12).plan(0)  # before speeds: 1F1B
+    plan = make_schedule("1f1b-weighted", stages=2, replicas=2, microbatches=12).plan(0)  # before speeds: 1F1B
     assert _counts(plan, 0, 2) == [6, 6]
-    from pdml_ray.pipeline.static import WeightedOneFOneBScheduler
+    from pdml_ray.pipeline.static import WeightedOneFOneBSchedule
 
-    w = WeightedOneFOneBScheduler(stages=2, replicas=(2, 2), microbatches=12, speeds=[[1.0, 0.5], [1.0, 1.0]])
+    w = WeightedOneFOneBSchedule(stages=2, replicas=(2, 2), microbatches=12, speeds=[[1.0, 0.5], [1.0, 1.0]])
     plan = w.plan(0)
     validate(plan)
     assert _counts(plan, 0, 2) == [8, 4] and _counts(plan, 1, 2) == [6, 6]  # 2:1 where the speeds are 1 : 0.5
@@ -139,16 +139,16 @@ def test_weighted_1f1b_follows_given_speeds() -> None:
 
 
 def test_weighted_1f1b_equals_1f1b_when_speeds_are_equal() -> None:
-    from pdml_ray.pipeline.static import WeightedOneFOneBScheduler
+    from pdml_ray.pipeline.static import WeightedOneFOneBSchedule
 
     for replicas, microbatches in (((2, 3, 1), 7), ((4, 4, 4, 4), 16), ((3, 2), 5)):
         stages = len(replicas)
-        plain = make_scheduler("1f1b", stages=stages, replicas=replicas, microbatches=microbatches).plan(0)
-        given = WeightedOneFOneBScheduler(stages=stages, replicas=replicas, microbatches=microbatches,
+        plain = make_schedule("1f1b", stages=stages, replicas=replicas, microbatches=microbatches).plan(0)
+        given = WeightedOneFOneBSchedule(stages=stages, replicas=replicas, microbatches=microbatches,
                                           speeds=[[0.7] * r for r in replicas]).plan(0)
         assert given.orders == plain.orders
         # Measured on a homogeneous cluster: the same plan after calibration.
-        measured = make_scheduler("1f1b-weighted", stages=stages, replicas=replicas, microbatches=microbatches)
+        measured = make_schedule("1f1b-weighted", stages=stages, replicas=replicas, microbatches=microbatches)
         sim = PipelineSimulator(ClusterProfile.build(stages, replicas))
         for step in range(3):
             measured.observe(sim.run_step(measured.plan(step), step).measurements)
@@ -159,7 +159,7 @@ def test_weighted_1f1b_measures_speeds_then_keeps_its_plan() -> None:
     S, R, M = 4, 4, 16
     profile = ClusterProfile.build(S, R, profile="heterogeneous", seed=3, memory_limit=S)
     sim = PipelineSimulator(profile, seed=3)
-    w = make_scheduler("1f1b-weighted", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S))
+    w = make_schedule("1f1b-weighted", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S))
     plans = []
     for step in range(4):
         plans.append(w.plan(step))
@@ -176,19 +176,19 @@ def test_weighted_1f1b_measures_speeds_then_keeps_its_plan() -> None:
     assert counts[0] == min(counts) < M // R < max(counts) and sum(counts) == M
     assert plans[2].orders == plans[3].orders  # fixed after calibration
     # It beats round-robin 1F1B here, where speeds differ.
-    plain = make_scheduler("1f1b", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S)).plan(0)
+    plain = make_schedule("1f1b", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S)).plan(0)
     assert sim.run_step(plans[-1], 3).makespan_s < sim.run_step(plain, 3).makespan_s
     # State round trip reproduces the plan.
-    fresh = make_scheduler("1f1b-weighted", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S))
+    fresh = make_schedule("1f1b-weighted", stages=S, replicas=R, microbatches=M, config=PipelineConfig(memory_limit=S))
     fresh.load_state_dict(w.state_dict())
     assert fresh.plan(4).orders == w.plan(4).orders
 
 
 def test_weighted_1f1b_rejects_bad_speeds() -> None:
     from pdml_ray.errors import ConfigError
-    from pdml_ray.pipeline.static import WeightedOneFOneBScheduler
+    from pdml_ray.pipeline.static import WeightedOneFOneBSchedule
 
     with pytest.raises(ConfigError, match="one positive speed per replica"):
-        WeightedOneFOneBScheduler(stages=2, replicas=(2, 2), microbatches=4, speeds=[[1.0, 0.5]])
+        WeightedOneFOneBSchedule(stages=2, replicas=(2, 2), microbatches=4, speeds=[[1.0, 0.5]])
     with pytest.raises(ConfigError, match="one positive speed per replica"):
-        WeightedOneFOneBScheduler(stages=1, replicas=(2,), microbatches=4, speeds=[[1.0, 0.0]])
+        WeightedOneFOneBSchedule(stages=1, replicas=(2,), microbatches=4, speeds=[[1.0, 0.0]])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError
 from pdml_ray.pipeline.plan import Action, Kind, Plan, unit_time_grid
-from pdml_ray.pipeline.registry import make_scheduler
+from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, compare_in_simulation
 
 F, B = Kind.FORWARD, Kind.BACKWARD
@@ -21,14 +21,14 @@ def test_single_microbatch_chain_with_transfer() -> None:
     # One micro-batch through S stages and back: S forwards, S backwards, 2 (S - 1) transfers.
     S = 4
     profile = ClusterProfile.build(S, 1, forward_s=1.0, backward_s=2.0, transfer_s=0.5)
-    result = PipelineSimulator(profile).run_step(make_scheduler("1f1b", stages=S, replicas=1, microbatches=1).plan(0))
+    result = PipelineSimulator(profile).run_step(make_schedule("1f1b", stages=S, replicas=1, microbatches=1).plan(0))
     assert result.makespan_s == pytest.approx(S * 3.0 + 2 * (S - 1) * 0.5)
     assert result.lower_bound_s == pytest.approx(result.makespan_s)
 
 
 def test_measured_latency_is_work_over_speed() -> None:
     profile = ClusterProfile.build(2, 2, speeds=((1.0, 0.5), (0.25, 1.0)))
-    result = PipelineSimulator(profile).run_step(make_scheduler("gpipe", stages=2, replicas=2, microbatches=4).plan(0))
+    result = PipelineSimulator(profile).run_step(make_schedule("gpipe", stages=2, replicas=2, microbatches=4).plan(0))
     by_key = {(x.stage, x.replica, x.kind): x.latency_s for x in result.measurements}
     assert by_key[(0, 1, F)] == pytest.approx(2.0) and by_key[(0, 1, B)] == pytest.approx(4.0)
     assert by_key[(1, 0, F)] == pytest.approx(4.0) and by_key[(1, 1, B)] == pytest.approx(2.0)
@@ -37,7 +37,7 @@ def test_measured_latency_is_work_over_speed() -> None:
 def test_lower_bound_is_tight_for_1f1b_on_uniform_replicas() -> None:
     # (M/R + S - 1)(f + b): the stage bound of the last stage.
     profile = ClusterProfile.build(8, 4)
-    result = PipelineSimulator(profile).run_step(make_scheduler("1f1b", stages=8, replicas=4, microbatches=64).plan(0))
+    result = PipelineSimulator(profile).run_step(make_schedule("1f1b", stages=8, replicas=4, microbatches=64).plan(0))
     assert result.lower_bound_s == pytest.approx((64 / 4 + 7) * 3.0)
     assert result.makespan_s == pytest.approx(result.lower_bound_s)
 
@@ -58,7 +58,7 @@ def test_no_schedule_beats_the_lower_bound(stages: int, replicas: int, microbatc
                                            name: str, transfer: float) -> None:
     profile = ClusterProfile.build(stages, replicas, profile=profile_name, transfer_s=transfer, seed=microbatches)
     sim = PipelineSimulator(profile, seed=2)
-    scheduler = make_scheduler(name, stages=stages, replicas=replicas, microbatches=microbatches)
+    scheduler = make_schedule(name, stages=stages, replicas=replicas, microbatches=microbatches)
     for step in range(3):
         result = sim.run_step(scheduler.plan(step), step)
         assert result.makespan_s >= result.lower_bound_s * (1 - 1e-9)
@@ -71,16 +71,16 @@ def test_noise_is_seeded_and_shared_by_all_schedules() -> None:
     a, b = PipelineSimulator(profile, seed=4), PipelineSimulator(profile, seed=4)
     assert (a.work(3, 8) == b.work(3, 8)).all() and a._speeds(5) == b._speeds(5)
     assert not (a.work(3, 8) == PipelineSimulator(profile, seed=5).work(3, 8)).all()
-    plan = make_scheduler("1f1b", stages=3, replicas=2, microbatches=8).plan(0)
+    plan = make_schedule("1f1b", stages=3, replicas=2, microbatches=8).plan(0)
     assert a.run_step(plan, 3).makespan_s == b.run_step(plan, 3).makespan_s
 
 
 def test_memory_budget_violations_are_counted() -> None:
     # GPipe without a plan limit holds all 6 activations; the hardware budget is 2 per replica.
     profile = ClusterProfile.build(2, 1, memory_limit=2)
-    result = PipelineSimulator(profile).run_step(make_scheduler("gpipe", stages=2, replicas=1, microbatches=6).plan(0))
+    result = PipelineSimulator(profile).run_step(make_schedule("gpipe", stages=2, replicas=1, microbatches=6).plan(0))
     assert result.memory_violations == 2 and result.peak_memory[(0, 0)] == 6
-    ok = make_scheduler("gpipe", stages=2, replicas=1, microbatches=6, config=PipelineConfig(memory_limit=2)).plan(0)
+    ok = make_schedule("gpipe", stages=2, replicas=1, microbatches=6, config=PipelineConfig(memory_limit=2)).plan(0)
     assert PipelineSimulator(profile).run_step(ok).memory_violations == 0
 
 
@@ -223,7 +223,7 @@ def test_issue_figures_at_8_stages_16_microbatches() -> None:
     # F = I = W = 1 (full B = 2), no transfer: 1F1B takes (M + S - 1) (F + B) = 23 x 3 = 69.
     S, M = 8, 16
     profile = ClusterProfile.build(S, 1, forward_s=1.0, backward_s=2.0)
-    one_f_one_b = make_scheduler("1f1b", stages=S, replicas=1, microbatches=M).plan(0)
+    one_f_one_b = make_schedule("1f1b", stages=S, replicas=1, microbatches=M).plan(0)
     full = PipelineSimulator(profile).run_step(one_f_one_b)
     assert full.makespan_s == pytest.approx(69.0) and full.lower_bound_s == pytest.approx(69.0)
     # The same order with B split into I then W at once: the previous stage gets its gradient after I

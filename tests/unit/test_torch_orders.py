@@ -93,27 +93,27 @@ TORCH_MAKESPANS = {"torch-gpipe": 69.0, "torch-1f1b": 69.0, "torch-interleaved-1
 
 
 def test_every_torch_schedule_is_registered_and_simulates_on_the_ranks_profile() -> None:
-    from pdml_ray.pipeline.registry import TORCH_SCHEDULES, make_scheduler
+    from pdml_ray.pipeline.registry import TORCH_SCHEDULES, make_schedule
 
     assert sorted(TORCH_SCHEDULES) == sorted(TORCH_MAKESPANS)
     sim = PipelineSimulator(ClusterProfile.build(8, 1, forward_s=1.0, backward_s=2.0, memory_limit=8))
     for name, makespan in TORCH_MAKESPANS.items():
-        scheduler = make_scheduler(name, stages=8, replicas=1, microbatches=16)
+        scheduler = make_schedule(name, stages=8, replicas=1, microbatches=16)
         plan = scheduler.plan(0)
         assert scheduler.name == plan.schedule == name and scheduler.last_decision is None
         result = sim.run_step(plan)
         assert result.makespan_s == pytest.approx(makespan), name
         assert result.lower_bound_s == pytest.approx(makespan), name
     # GPipe holds all 16 activations per rank (violating 8); two chunks count half a stage's each.
-    gpipe = sim.run_step(make_scheduler("torch-gpipe", stages=8, replicas=1, microbatches=16).plan(0))
-    zbv = sim.run_step(make_scheduler("torch-zbv", stages=8, replicas=1, microbatches=16).plan(0))
+    gpipe = sim.run_step(make_schedule("torch-gpipe", stages=8, replicas=1, microbatches=16).plan(0))
+    zbv = sim.run_step(make_schedule("torch-zbv", stages=8, replicas=1, microbatches=16).plan(0))
     assert gpipe.memory_violations == 8 and zbv.memory_violations == 0 and max(zbv.peak_memory.values()) == 16
 
 
 def test_a_chunked_plan_runs_as_on_a_profile_of_half_stages_with_transfers_between_ranks_only() -> None:
-    from pdml_ray.pipeline.registry import make_scheduler
+    from pdml_ray.pipeline.registry import make_schedule
 
-    plan = make_scheduler("torch-zbv", stages=4, replicas=1, microbatches=8).plan(0)
+    plan = make_schedule("torch-zbv", stages=4, replicas=1, microbatches=8).plan(0)
     chunked = PipelineSimulator(ClusterProfile.build(4, 1, transfer_s=0.25)).run_step(plan)
     halves = PipelineSimulator(ClusterProfile.build(8, 1, forward_s=0.5, backward_s=1.0, transfer_s=0.25)).run_step(plan)
     assert chunked.makespan_s == pytest.approx(halves.makespan_s)
@@ -126,14 +126,14 @@ def test_a_chunked_plan_runs_as_on_a_profile_of_half_stages_with_transfers_betwe
 
 def test_torch_schedules_run_one_pipeline_per_replica() -> None:
     from pdml_ray.errors import ConfigError
-    from pdml_ray.pipeline.registry import make_scheduler
+    from pdml_ray.pipeline.registry import make_schedule
 
-    plan = make_scheduler("torch-1f1b", stages=4, replicas=2, microbatches=16).plan(0)
+    plan = make_schedule("torch-1f1b", stages=4, replicas=2, microbatches=16).plan(0)
     assert all(plan.replica_of(k, m) == m % 2 for k in range(4) for m in range(16))
     sim = PipelineSimulator(ClusterProfile.build(4, 2))
     single = PipelineSimulator(ClusterProfile.build(4, 1)).run_step(torch_orders.torch_1f1b_plan(4, 8))
     assert sim.run_step(plan).makespan_s == pytest.approx(single.makespan_s)  # two 8-micro-batch pipelines
     with pytest.raises(ConfigError, match="same number of replicas"):
-        make_scheduler("torch-zbv", stages=2, replicas=[2, 1], microbatches=8)
+        make_schedule("torch-zbv", stages=2, replicas=[2, 1], microbatches=8)
     with pytest.raises(ConfigError, match="torch-dualpipev at 8 ranks x 4 replicas x 16 micro-batches"):
-        make_scheduler("torch-dualpipev", stages=8, replicas=4, microbatches=16)
+        make_schedule("torch-dualpipev", stages=8, replicas=4, microbatches=16)
