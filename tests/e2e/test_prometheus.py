@@ -33,7 +33,7 @@ from pdml_ray.scheduler import Scheduler  # noqa: E402
 RUN = "pdml-prom-test"
 TIMED = {"pdml_scheduler_ingest_seconds_total", "pdml_scheduler_decision_seconds_total",
          "pdml_scheduler_decision_latency_seconds", "pdml_scheduler_cpu_seconds_total",
-         "pdml_sample_continuity_seconds_total"}
+         "pdml_sample_continuity_seconds_total", "pdml_sample_selection_seconds_total"}
 """Series measured with clocks: their values differ from an in-process replay (checked > 0 instead)."""
 
 
