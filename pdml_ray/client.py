@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
-from pdml_ray.errors import SchedulerUnavailableError
+from pdml_ray.errors import ConfigError, SchedulerUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ class ReportGather:
 
     def __init__(self, client: SchedulerClient, members: int, wait_s: float) -> None:
         if members < 1 or not wait_s > 0:
-            raise ValueError(f"a report round needs members >= 1 and wait_s > 0, got {members} and {wait_s}")
+            raise ConfigError(f"a report round needs members >= 1 and wait_s > 0, got {members} and {wait_s}")
         self.client, self.members, self.wait_s = client, members, wait_s
         self._lock = threading.Lock()
         self._rows: list[tuple] = []

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import uuid
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from pdml_ray.actors.scheduler import find_scheduler
+from pdml_ray.actors.scheduler import create_scheduler, end_scheduler, find_scheduler
+from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
+from pdml_ray.config import PDMLConfig
 from pdml_ray.errors import SchedulerUnavailableError
+from pdml_ray.scheduler import Scheduler
 
 
 class RaySchedulerTransport:
@@ -54,3 +59,36 @@ class RaySchedulerTransport:
             # an error raised inside it or a timeout: a blocking call may be sent again (client.call)
             error.restarting = isinstance(e, RayActorError)  # type: ignore[attr-defined]
             raise error from e
+
+
+class RunScheduler:
+    """A runtime's scheduler for one run and the ``SchedulerClient`` that reaches it: the run's named
+    actor (the default: ``pdml-ray status`` and the metrics show it), or an in-process ``Scheduler``
+    where planning latency matters, on the same client path. ``close`` ends the actor."""
+
+    def __init__(self, config: PDMLConfig, num_workers: int, *, in_process: bool, name_prefix: str) -> None:
+        self.actor: Any = None
+        self.scheduler: Scheduler | None = None
+        transport: Any
+        if in_process:
+            self.scheduler = Scheduler(config, num_workers)
+            transport = LocalSchedulerTransport(self.scheduler)
+        else:
+            name = config.scheduler_name or f"{name_prefix}-{uuid.uuid4().hex[:8]}"
+            config = dataclasses.replace(config, scheduler_name=name)
+            self.actor = create_scheduler(config, num_workers)
+            transport = RaySchedulerTransport(name, config.namespace)
+        self.config = config
+        """The run's config, named after its actor (unchanged in-process)."""
+        self.client = SchedulerClient(transport)
+
+    @property
+    def name(self) -> str | None:
+        """The scheduler actor's name (``pdml-ray status --name``), None in-process."""
+        return None if self.actor is None else self.config.scheduler_name
+
+    def close(self) -> None:
+        """End the run's scheduler actor (its snapshot deleted first); in-process there is nothing to end."""
+        if self.actor is not None:
+            end_scheduler(self.actor)
+            self.actor = None

@@ -45,9 +45,7 @@ run is one segment.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +56,7 @@ from torch import Tensor, nn
 
 from pdml_ray.actors.gradient_worker import DEFAULT_GRADIENT_WORKER_NUM_CPUS
 from pdml_ray.actors.p3_ps import RayP3PSWorker, launch_p3_shard, launch_p3_worker
-from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
+from pdml_ray.actors.scheduler_transport import RunScheduler
 from pdml_ray.config import PDMLConfig
 from pdml_ray.config.p3 import P3Config
 from pdml_ray.decisions import Boundary, P3Decision
@@ -67,7 +65,7 @@ from pdml_ray.p3.link import LinkModel
 from pdml_ray.p3.ps import LossFn, WorkerRun, layer_plan, measure_compute, model_layers
 from pdml_ray.p3.shard import SGDSettings
 from pdml_ray.p3.slicing import SlicePlan, flatten_layer, reassemble
-from pdml_ray.scheduler import Scheduler, SchedulerStats
+from pdml_ray.scheduler import SchedulerStats
 
 WARMUP_STEPS = 2  # steps left out of the iteration time (one-off costs: first calls, allocations)
 DECISION_TIMEOUT_S = 60.0
@@ -119,22 +117,10 @@ class P3Decisions:
     requested a segment before the boundary it applies at (see the module docstring)."""
 
     def __init__(self, config: PDMLConfig, num_workers: int, *, in_process: bool = False) -> None:
-        self._actor: Any = None
-        self.scheduler_name: str | None = None
+        self._run = RunScheduler(config, num_workers, in_process=in_process, name_prefix="pdml-p3ps")
+        self.config, self.client = self._run.config, self._run.client
+        self.scheduler_name: str | None = self._run.name
         """The scheduler actor's name (``pdml-ray status --name``), None in-process."""
-        if in_process:
-            self.config = config
-            transport: Any = LocalSchedulerTransport(Scheduler(config, num_workers))
-        else:
-            from pdml_ray.actors.scheduler import create_scheduler
-            from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
-
-            name = config.scheduler_name or f"pdml-p3ps-{uuid.uuid4().hex[:8]}"
-            self.config = config = dataclasses.replace(config, scheduler_name=name)
-            self._actor = create_scheduler(config, num_workers)
-            self.scheduler_name = name
-            transport = RaySchedulerTransport(name, config.namespace)
-        self.client = SchedulerClient(transport)
         self.ran: list[P3Decision] = []
         """The decisions the run ran, in order."""
 
@@ -176,12 +162,7 @@ class P3Decisions:
 
     def close(self) -> None:
         """End the run's scheduler actor (its snapshot deleted first); in-process there is nothing to end."""
-        if self._actor is None:
-            return
-        from pdml_ray.actors.scheduler import end_scheduler
-
-        end_scheduler(self._actor)
-        self._actor = None
+        self._run.close()
 
 
 class P3ParameterServer:

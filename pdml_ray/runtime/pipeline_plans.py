@@ -21,13 +21,11 @@ shape.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
+from pdml_ray.actors.scheduler_transport import RunScheduler
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
@@ -59,21 +57,9 @@ class ScheduledPlans:
         reps = [int(replicas)] * stages if isinstance(replicas, int) else [int(r) for r in replicas]
         self.name = config.pipeline.schedule
         self.shape = {"stages": int(stages), "replicas": reps, "microbatches": int(microbatches)}
-        self._actor: Any = None
-        if in_process:
-            self.config = config
-            self.scheduler: Scheduler | None = Scheduler(config, sum(reps))
-            transport: Any = LocalSchedulerTransport(self.scheduler)
-        else:
-            from pdml_ray.actors.scheduler import create_scheduler
-            from pdml_ray.actors.scheduler_transport import RaySchedulerTransport
-
-            name = config.scheduler_name or f"pdml-pipeline-{uuid.uuid4().hex[:8]}"
-            self.config = config = _named(config, name)
-            self.scheduler = None
-            self._actor = create_scheduler(config, sum(reps))
-            transport = RaySchedulerTransport(name, config.namespace)
-        self.client = SchedulerClient(transport)
+        self._run = RunScheduler(config, sum(reps), in_process=in_process, name_prefix="pdml-pipeline")
+        self.config, self.client = self._run.config, self._run.client
+        self.scheduler: Scheduler | None = self._run.scheduler
         self.client.call("set_shape", "pipeline", self.shape)
         self.wait_s = 0.0
         """Seconds the driver was blocked waiting for plans, summed over steps."""
@@ -88,7 +74,7 @@ class ScheduledPlans:
     @property
     def scheduler_name(self) -> str | None:
         """The scheduler actor's name (``pdml-ray status --name``), None in-process."""
-        return None if self._actor is None else self.config.scheduler_name
+        return self._run.name
 
     def _request(self, step: int) -> None:
         since = {"pipeline": self.decision.version} if self.decision is not None else {}
@@ -129,13 +115,5 @@ class ScheduledPlans:
 
     def close(self) -> None:
         """End the run's scheduler actor (its snapshot deleted first); in-process there is nothing to end."""
-        if self._actor is None:
-            return
-        from pdml_ray.actors.scheduler import end_scheduler
+        self._run.close()
 
-        end_scheduler(self._actor)
-        self._actor = None
-
-
-def _named(config: PDMLConfig, name: str) -> PDMLConfig:
-    return dataclasses.replace(config, scheduler_name=name)
