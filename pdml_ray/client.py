@@ -206,6 +206,9 @@ class SchedulerClient:
         self.report_rows(PackedReports.pack(reports).rows, flush)
         deliver = getattr(self.transport, "flush", None)  # optional: a transport straight to the scheduler has none
         if flush and deliver is not None:
+            # the report calls must be in before the flush: a threaded actor (the node's relay) may run a
+            # caller's calls out of order, and a flush that overtook the last report would leave it behind
+            self.drain(30.0)
             try:
                 deliver(30.0)
             except SchedulerUnavailableError as e:

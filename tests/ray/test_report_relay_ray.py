@@ -24,7 +24,9 @@ def test_a_nodes_reports_reach_the_scheduler_through_its_relay_one_round_per_flu
     relay = ray.get_actor(relay_name("relay-test", ray.get_runtime_context().get_node_id()), namespace="pdml-test")
     relayed = ray.get(relay.stats.remote())
     assert relayed["members"] == 2 and relayed["reports_received"] == 30 and relayed["reports_dropped"] == 0
-    assert relayed["rounds"] >= 3  # one per flush (more only if a round went late, wait_s after its first call)
+    # one round per complete flush; more when a round went late (wait_s after its first call) or a held-back
+    # call (MAX_REPORT_CALLS_IN_FLIGHT) split one, fewer when a worker's calls coalesced while one was in flight
+    assert relayed["rounds"] >= 2
     assert sum(c.reports_dropped for c in clients) == 0
     end_scheduler(handle)
     ray.kill(relay)

@@ -74,6 +74,23 @@ def test_a_flush_waits_for_the_calls_in_flight_and_sends_everything_held():
     assert sent == 40 and not client._held and client.reports_dropped == 0
 
 
+class RelayLikeTransport(SlowTransport):
+    """A transport with a ``flush`` (a node relay): it records which report calls were done when it ran."""
+
+    def flush(self, timeout_s):
+        self.flushed_after = [c[2] for c in self.calls if c[0] == "report"]
+
+
+def test_a_flush_through_a_relay_runs_only_after_the_last_report_call_is_in():
+    # a threaded relay actor may run a caller's calls out of order: the flush must not overtake the
+    # report call it is meant to deliver
+    transport = RelayLikeTransport()
+    client = SchedulerClient(transport)
+    client.report(_reports(0))
+    client.report(_reports(1), flush=True)
+    assert transport.flushed_after == [True, True]
+
+
 class FailingTransport(SlowTransport):
     """Calls finish at once; ``fail`` of them fail as a dying actor's do (restarting) or as an error inside."""
 
