@@ -274,7 +274,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "memory_limit": "stages activations per replica (1F1B's peak)",
                 "scenarios": "non-stationary scenarios SIMULATED (pdml_ray.pipeline.scenarios): a replica slowed for a "
                              "window of steps, long-tailed sequence lengths (attention quadratic), late transfers, a "
-                             "memory cap below 1F1B's warm-up; osprey plans one step ahead through the scheduler",
+                             "memory cap below 1F1B's warm-up (lengths truncated at it); every schedule is told each step's "
+                             "micro-batch lengths a step ahead (osprey plans on them, static orders ignore them); "
+                             "osprey plans one step ahead through the scheduler",
                 "torch_schedules": "torch's generated orders, one pipeline per data-parallel replica; a two-chunk "
                                    "schedule's chunks each cost half their rank's stage (and hold half its activation)",
                 "ray": "one EMULATED slow replica in the Ray-actor run",

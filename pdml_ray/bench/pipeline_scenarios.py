@@ -7,7 +7,9 @@ steps. Osprey plans through the run's scheduler exactly as the pipeline runtime 
 ahead (``ScheduledPlans``, in-process), free to choose split-backward and two-chunk plans
 (``OspreyConfig(plans="any")``): the plan for step t is asked for before step t - 1's
 measurements arrive, so it sees measurements through step t - 2 — the one-step-old view is in every
-figure. A seed's makespan is the mean over steps ``SKIP_STEPS``.. (osprey's first two plans are its
+figure. Where lengths vary (uneven, memory-cap) every schedule is told each step's micro-batch
+lengths before the step is planned (``simulate_schedule``; osprey through ``ScheduledPlans.tell_sizes``,
+a step ahead like its plans); static orders ignore them. A seed's makespan is the mean over steps ``SKIP_STEPS``.. (osprey's first two plans are its
 warm start); one record per scenario cell, with medians and the worst seed over seeds.
 """
 

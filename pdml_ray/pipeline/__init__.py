@@ -14,6 +14,7 @@ The modules:
     listsched.py     greedy list scheduling on predicted costs
     dispatch.py      the one dispatch rule of the simulator and the runtime
     simulate.py      the discrete-event simulator
+    sizes.py         micro-batch sizes told before a step: a per-stage cost model over them, micro-batch orders
     scenarios.py     non-stationary scenarios as profiles: drift, uneven micro-batches, late transfers, a memory cap
     faults.py        lost replicas as data: re-routing and plans on the survivors
     partition.py     a sequential model cut into stages balanced by parameter count
@@ -24,8 +25,9 @@ The modules:
 from pdml_ray.pipeline.dispatch import Dispatcher
 from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineSchedule, Plan, format, producers, validate
 from pdml_ray.pipeline.registry import ALL_SCHEDULES, PROJECT_SCHEDULES, TORCH_SCHEDULES, make_schedule
-from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator, compare_in_simulation, steady_state
+from pdml_ray.pipeline.simulate import (ClusterProfile, PipelineSimulator, compare_in_simulation, simulate_schedule,
+                                       steady_state)
 
 __all__ = ["ALL_SCHEDULES", "Action", "ClusterProfile", "Dispatcher", "Kind", "Measurement", "PROJECT_SCHEDULES",
            "PipelineSchedule", "PipelineSimulator", "Plan", "TORCH_SCHEDULES", "compare_in_simulation", "format",
-           "make_schedule", "producers", "steady_state", "validate"]
+           "make_schedule", "producers", "simulate_schedule", "steady_state", "validate"]

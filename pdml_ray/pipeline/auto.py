@@ -82,6 +82,10 @@ class AutoSchedule:
         self.osprey = OspreySchedule(stages=stages, replicas=replicas, microbatches=microbatches, config=self.config)
         self.last_decision = AutoDecision(choice="static", schedule=self.static.name, reason="no measurements yet")
 
+    def tell_sizes(self, step: int, sizes: Sequence[float]) -> None:
+        self.static.tell_sizes(step, sizes)
+        self.osprey.tell_sizes(step, sizes)
+
     def observe(self, measurements: Sequence[Measurement]) -> None:
         self.static.observe(measurements)
         self.osprey.observe(measurements)

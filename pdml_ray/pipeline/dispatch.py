@@ -3,7 +3,8 @@
 An idle replica asks ``next_action``; the caller ``start``s what it got and ``complete``s it when it
 finishes. The rule: an action may start when its producers (``plan.dependency_table``, the one
 dependency rule) are complete (and, across ranks, have arrived: ``transfer_s`` after completion) and,
-for a forward, when the replica holds fewer than ``plan.memory_limit`` activations. Without
+for a forward, when the activations the replica holds plus its own stay within ``plan.memory_limit`` (counted
+in ``plan.activation(m)`` units: one per micro-batch, or its size when the plan carries sizes). Without
 ``plan.reorder`` only the replica's next action in order is eligible; with it, the first eligible action in priority order, where an action may skip a blocked
 head only across a run of actions of its own kind: out-of-order arrivals don't idle the replica, but
 forwards and backwards keep the plan's interleaving, which is what bounds memory and keeps the
@@ -14,7 +15,7 @@ reorder, take a stuck state and the first action a* of the in-order run's sequen
 dependencies and its replica's earlier actions are done, so a* heads its replica's pending list and
 is ready. A backward is never blocked by memory. If a* is a forward, what its replica ran out of
 order after a* are forwards of the run of forwards that a* starts; up to the last of them the in-order
-count of activations is at least the current count plus one (for a*), and validation bounds that by
+activation held is at least what is held now plus a*'s own (sizes are positive), and validation bounds that by
 the limit: a* is eligible, a contradiction.
 
 A replica that dies mid-step (``drop_replica``) loses its micro-batches of that stage to the
@@ -48,6 +49,7 @@ class Dispatcher:
         self._done_at: dict[tuple[int, Kind, int], float] = {}  # (stage, kind, microbatch) -> completed at (s)
         self._in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
         self.peak_in_flight: dict[tuple[int, int], int] = {key: 0 for key in plan.orders}
+        self._held: dict[tuple[int, int], float] = {key: 0.0 for key in plan.orders}  # units of memory_limit
         self._limit = plan.memory_limit if plan.memory_limit is not None else math.inf
         # Rank of each stage: an output moves between ranks (transfer_s), not between chunks of one rank.
         self._rank = plan.stage_rank if plan.stage_rank is not None else tuple(range(plan.num_stages))
@@ -69,7 +71,8 @@ class Dispatcher:
         return True
 
     def _eligible(self, action: Action, now: float) -> bool:
-        if action.kind is Kind.FORWARD and self._in_flight[self.plan.slot(action.stage, action.replica)] >= self._limit:
+        if action.kind is Kind.FORWARD and self._held[self.plan.slot(action.stage, action.replica)] \
+                + self.plan.activation(action.microbatch) > self._limit + 1e-9:
             return False
         return self._ready(action, now)
 
@@ -106,6 +109,7 @@ class Dispatcher:
                             "(started twice, or not in the plan)") from None
         if action.kind is Kind.FORWARD:
             self._in_flight[key] += 1
+            self._held[key] += self.plan.activation(action.microbatch)
             if self._in_flight[key] > self.peak_in_flight[key]:
                 self.peak_in_flight[key] = self._in_flight[key]
 
@@ -123,6 +127,7 @@ class Dispatcher:
             self._late.pop(key, None)  # a re-run after a replica died arrives on time
         if action.kind in FREES_ACTIVATION:
             self._in_flight[self.plan.slot(action.stage, action.replica)] -= 1
+            self._held[self.plan.slot(action.stage, action.replica)] -= self.plan.activation(action.microbatch)
         self._completed += 1
 
     def dependants(self, action: Action) -> list[Action]:
@@ -177,6 +182,7 @@ class Dispatcher:
             self._pending[(stage, s)][:0] = actions  # late already: first in the survivor's order
         self._pending[key] = []
         self._in_flight[key] = 0
+        self._held[key] = 0.0
         self._dataflow = True
         return Reroute(step, stage, replica, tuple(moved), tuple(replayed), tuple(redone))
 

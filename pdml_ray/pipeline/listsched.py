@@ -34,7 +34,7 @@ Orders = dict[tuple[int, int], tuple[Action, ...]]
 _DONE, _ARRIVE = 0, 1  # event types: an action completed / a producer's output reached a consumer
 
 
-def _check_caps(caps: Sequence[int], num_stages: int) -> None:
+def _check_caps(caps: Sequence[float], num_stages: int) -> None:
     if len(caps) != num_stages or min(caps) < 1:
         raise PlanError(f"activation caps {list(caps)} need one entry >= 1 per stage ({num_stages}); "
                         "a cap of 0 would never admit a forward")
@@ -205,7 +205,8 @@ def in_order_makespan(orders: Orders, num_stages: int, costs: Costs, transfer_s:
 
 
 def single_pipeline_schedule(forward_s: Sequence[float], backward_s: Sequence[float], num_microbatches: int,
-                             caps: Sequence[int], transfer_s: float = 0.0
+                             caps: Sequence[float], transfer_s: float = 0.0, *,
+                             scale: Sequence[Sequence[float]] | None = None, sizes: Sequence[float] | None = None
                              ) -> tuple[list[list[tuple[Kind, int]]], list[float]]:
     """``list_schedule`` for one replica per stage with 1F1B's rule, specialised for speed.
 
@@ -214,6 +215,10 @@ def single_pipeline_schedule(forward_s: Sequence[float], backward_s: Sequence[fl
     ``b_avail``; the next micro-batch to run is ``f_next``, ``b_next``) and only the event times need
     a heap. Returns the raw order per stage and the completion time (seconds) of each micro-batch's
     last action (the sinks: B at stage 0).
+
+    Micro-batches of known sizes: ``scale[k][m]`` multiplies micro-batch m's costs at stage k, and
+    ``sizes[m]`` is its activation in units of ``caps`` (a forward starts only while the held sizes
+    plus its own stay within the cap). None: every micro-batch costs the stage's and holds one unit.
     """
     S, n = len(forward_s), num_microbatches
     _check_caps(caps, S)
@@ -222,7 +227,10 @@ def single_pipeline_schedule(forward_s: Sequence[float], backward_s: Sequence[fl
     f_sink = [(k, F) in deps.sinks for k in range(S)]
     b_sink = [(k, B) in deps.sinks for k in range(S)]
     free = [True] * S
-    in_flight = [0] * S
+    held = [0.0] * S  # activation held per stage, in units of its cap
+    size = [1.0] * n if sizes is None else [float(x) for x in sizes]
+    f_cost = [[forward_s[k] * (1.0 if scale is None else scale[k][m]) for m in range(n)] for k in range(S)]
+    b_cost = [[backward_s[k] * (1.0 if scale is None else scale[k][m]) for m in range(n)] for k in range(S)]
     f_next, f_avail = [0] * S, [0] * S  # next micro-batch whose forward may run at stage k, and how many can
     b_next, b_avail = [0] * S, [0] * S
     avail = {F: f_avail, B: b_avail}
@@ -248,14 +256,16 @@ def single_pipeline_schedule(forward_s: Sequence[float], backward_s: Sequence[fl
             if not free[k]:
                 continue
             if b_next[k] < b_avail[k]:  # a ready backward first
-                kind, m, end = B, b_next[k], now + backward_s[k]
+                m = b_next[k]
+                kind, end = B, now + b_cost[k][m]
                 b_next[k] += 1
                 if b_sink[k] and end > done[m]:
                     done[m] = end
-            elif f_next[k] < f_avail[k] and in_flight[k] < caps[k]:
-                kind, m, end = F, f_next[k], now + forward_s[k]
+            elif f_next[k] < f_avail[k] and held[k] + size[f_next[k]] <= caps[k] + 1e-9:
+                m = f_next[k]
+                kind, end = F, now + f_cost[k][m]
                 f_next[k] += 1
-                in_flight[k] += 1
+                held[k] += size[m]
                 if f_sink[k] and end > done[m]:
                     done[m] = end
             else:
@@ -276,7 +286,7 @@ def single_pipeline_schedule(forward_s: Sequence[float], backward_s: Sequence[fl
             free[k] = True
             touched.append(k)
             if kind is B:
-                in_flight[k] -= 1  # a backward frees its micro-batch's activation
+                held[k] -= size[m]  # a backward frees its micro-batch's activation
             for k2, kind2, delay in edges[k][kind]:
                 if delay:
                     heapq.heappush(events, (now + delay, seq, _ARRIVE, k2, kind2, m))

@@ -37,6 +37,13 @@ measure -> derive -> decide, once per global step:
 7. Choice: the candidate with the shortest predicted makespan, the warm-start plan's in-order makespan
    included (greedy list scheduling is not optimal; with one replica per stage 1F1B's fixed
    alternation can beat it).
+8. Micro-batch sizes told before the step (``tell_sizes``; ``pdml_ray.pipeline.sizes``): the
+   measurements are divided by each micro-batch's cost from a per-stage fit over its size (fixed +
+   per-token + attention) instead of the median factors of step 1, and the step is planned on each
+   micro-batch's predicted cost: lanes get micro-batches longest first by predicted busy time, each lane
+   and the three fastest static candidates try a few micro-batch orders, every candidate is predicted
+   by the simulator on those costs, and the plan carries the sizes as activations
+   (``Plan.activation_sizes``), so the sum of held sizes stays within the memory limit.
 Before any measurement the plan is the static warm-start plan (``OspreyConfig.warm_start``).
 What was decided and why is a frozen ``OspreyDecision`` (``last_decision``), carried in every ``MicroBatchPlan``.
 Everything is deterministic given the measurements, so replay reproduces plans exactly.
@@ -55,6 +62,8 @@ from pdml_ray.config import OspreyConfig, PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError, StateError
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
 from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineSchedule, Plan, check_state
+from pdml_ray.pipeline.sizes import (KnownSizesSimulator, SizeModel, check_sizes, orders_to_try, relabel, sized_lanes,
+                                     uneven)
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
 from pdml_ray.priority.estimators import EMA
 
@@ -140,6 +149,9 @@ UNEVEN_SPREAD = 0.25
 equal: per-action noise of 20% gives factor estimates that spread by about a tenth, long-tailed
 sequence lengths by far more."""
 
+MAX_TOLD_STEPS = 8
+"""Steps ahead whose micro-batch sizes osprey keeps (a runtime tells one or two steps ahead)."""
+
 
 class OspreySchedule:
     """Adaptive plans from measured latencies (measure -> derive -> decide, see the module docstring)."""
@@ -176,17 +188,30 @@ class OspreySchedule:
         """step -> (stage_rank, chunks) of the plan issued for it when it had virtual stages (else None):
         its measurements map back to ranks (this scheduler's stages) at chunks x their latency. Plans
         may be issued a step ahead, so measurements take the oldest step not yet observed."""
+        self.sizes: dict[int, tuple[float, ...]] = {}
+        """step -> its micro-batch sizes as told before it was planned (``tell_sizes``), until it is observed."""
+        self.size_model = SizeModel(stages, self.config.ema_alpha)
+        """Per stage, a micro-batch's cost over a nominal one's as a function of its size."""
 
     def _est_view(self, values: list[list[float]]) -> list[list[tuple[float, ...]]]:
         """``est`` from ``latency.values.tolist()``."""
         return [[tuple(values[self._first[k] + r]) for r in range(self.replicas[k])] for k in range(self.stages)]
+
+    def tell_sizes(self, step: int, sizes: Sequence[float]) -> None:
+        """Step ``step``'s micro-batch sizes (relative to the nominal micro-batch), before it is planned:
+        its plan predicts each micro-batch's cost from its size and keeps the sum of held sizes within
+        the memory limit. Sizes of at most ``MAX_TOLD_STEPS`` steps not yet observed are kept."""
+        self.sizes[int(step)] = check_sizes(sizes, self.microbatches)
+        while len(self.sizes) > MAX_TOLD_STEPS:
+            del self.sizes[min(self.sizes)]
 
     # ---- measure -------------------------------------------------------------------------------
     def observe(self, measurements: Sequence[Measurement]) -> None:
         """Fold one step's mean latency per (stage, replica, kind) into the EMA, relax the replicas
         that got no work, then re-detect bottlenecks and re-weight."""
         sums: dict[tuple[int, int, int], list[float]] = {}  # (stage, replica, kind index) -> [total s, count]
-        layout = self._layouts.pop(min(self._layouts)) if self._layouts else None
+        observed = min(self._layouts) if self._layouts else None  # the step these measurements are of
+        layout = self._layouts.pop(observed) if observed is not None else None
         stage_rank, chunks = layout if layout is not None else (None, 1)
         if stage_rank is None:  # a plan of this scheduler's stages (anything else cannot be mapped back)
             measurements = [x for x in measurements if x.stage < self.stages]
@@ -195,26 +220,16 @@ class OspreySchedule:
         rows = [(stage_rank[x.stage] if stage_rank is not None else x.stage, x.replica, KIND_INDEX[x.kind],
                  x.microbatch, x.latency_s * chunks) for x in measurements]
         current = self.latency.values
-        # A micro-batch's cost factor (its sequence length, say) is shared by every stage: its median ratio
-        # to the estimates, normalised to mean one over the step. Dividing it out makes the estimates learn
-        # each replica's speed, not which micro-batches it happened to get. It needs measurements on at
-        # least three stages, so that one slow replica on its path does not move the median.
-        ratios: dict[int, list[float]] = {}
         squares: dict[tuple[int, int, int], float] = {}  # sum of squared seconds per slot: the step's spread
-        if self.stages >= 3:
-            for k, r, i, m, t in rows:
-                ratios.setdefault(m, []).append(t / max(1e-12, current[self._first[k] + r][i]))
-        factor = {m: float(np.median(v)) for m, v in ratios.items()}
-        spread = float(np.std(list(factor.values())) / np.mean(list(factor.values()))) if factor else 0.0
-        if spread < UNEVEN_SPREAD:  # micro-batches about equal: their estimated factors would only add noise
-            factor = {m: 1.0 for _, _, _, m, _ in rows}
-        mean = sum(factor.values()) / len(factor) if factor else 1.0
-        for k, r, i, m, t in rows:
+        divisors = self._relative_costs(rows, current, self.sizes.get(observed) if observed is not None else None)
+        for (k, r, i, m, t), divisor in zip(rows, divisors):
             acc = sums.setdefault((k, r, i), [0.0, 0])
-            x = t * mean / max(1e-12, factor[m])
+            x = t / max(1e-12, divisor)
             acc[0] += x
             acc[1] += 1
             squares[(k, r, i)] = squares.get((k, r, i), 0.0) + x * x
+        if observed is not None:  # sizes told for this step and earlier ones are spent
+            self.sizes = {t: v for t, v in self.sizes.items() if t > observed}
         if not sums:
             return
         # A full backward and its split halves describe the same work: derive the missing ones (B = I + W;
@@ -256,6 +271,36 @@ class OspreySchedule:
         self.est = self._est_view(values)
         self.steps_observed += 1
         self._reweight()
+
+    def _relative_costs(self, rows: Sequence[tuple[int, int, int, int, float]], current: np.ndarray,
+                        sizes: tuple[float, ...] | None) -> list[float]:
+        """Per measurement row (stage, replica, kind index, micro-batch, seconds): its micro-batch's cost at
+        that stage over a nominal micro-batch's, which the row is divided by so that the estimates learn
+        each replica's speed, not which micro-batches it happened to get.
+
+        With the step's sizes told (``tell_sizes``) and uneven, the per-stage size model is refitted on
+        the rows and gives the ratio (``pdml_ray.pipeline.sizes``). Without them, a micro-batch's factor
+        is its median ratio to the estimates over the stages (its sequence length is shared by every
+        stage), normalised to mean one over the step; it needs measurements on three or more stages, so
+        that one slow replica on its path does not move the median, and factors spread less than
+        ``UNEVEN_SPREAD`` are taken as equal (noise)."""
+        ratio = [t / max(1e-12, current[self._first[k] + r][i]) for k, r, i, _, t in rows]
+        if sizes is not None and uneven(sizes) and rows:
+            stage = np.array([k for k, *_ in rows])
+            size = np.array([sizes[m] for _, _, _, m, _ in rows])
+            self.size_model.update(stage, size, np.array(ratio))
+            g = self.size_model.relative_cost(sizes).tolist()  # [stage][micro-batch]
+            return [g[k][m] for k, _, _, m, _ in rows]
+        ratios: dict[int, list[float]] = {}
+        if self.stages >= 3:
+            for (_, _, _, m, _), x in zip(rows, ratio):
+                ratios.setdefault(m, []).append(x)
+        factor = {m: float(np.median(v)) for m, v in ratios.items()}
+        spread = float(np.std(list(factor.values())) / np.mean(list(factor.values()))) if factor else 0.0
+        if spread < UNEVEN_SPREAD:  # micro-batches about equal: their estimated factors would only add noise
+            return [1.0] * len(rows)
+        mean = sum(factor.values()) / len(factor)
+        return [factor[m] / mean for _, _, _, m, _ in rows]
 
     # ---- derive --------------------------------------------------------------------------------
     def _period(self, k: int, r: int) -> float:
@@ -373,9 +418,13 @@ class OspreySchedule:
         """The adaptive plan with the best cap option, or the warm-start plan if that is predicted faster.
 
         Predictions are makespans on the EMA costs (seconds): the list-scheduled run for each cap
-        option, the in-order run for the warm-start plan.
+        option, the in-order run for the warm-start plan. A step whose sizes were told is planned on them
+        (``_plan_sized``), from the first step on (before any measurement, on the prior costs).
         """
         warm = self._warm_plan(step)
+        sizes = self.sizes.get(step)
+        if sizes is not None and any(abs(s - 1.0) > 1e-9 for s in sizes):  # from the first step: within the cap
+            return self._issued(step, self._plan_sized(step, warm, sizes))
         if self.steps_observed == 0:
             return self._issued(step, warm)
         S = self.stages
@@ -419,15 +468,68 @@ class OspreySchedule:
         return self._issued(step, Plan(S, self.replicas, self.microbatches, to_orders(best[2]), reorder=True,
                                  memory_limit=self.memory_limit, schedule=self.name))
 
+    def _plan_sized(self, step: int, warm: Plan, sizes: tuple[float, ...]) -> Plan:
+        """The plan of a step whose micro-batch sizes were told. Candidates: osprey's lane plans per cap
+        option built on each micro-batch's predicted cost (``SizeModel``; ``sizes.sized_lanes``), holding
+        at most the memory limit in sizes; every static candidate; for the three predicted fastest of
+        those, their micro-batches reordered (``orders_to_try``, '<name>~<order>'); and the warm start.
+        All are predicted by the simulator on those costs and sizes, and the fastest that stays within
+        the memory limit is chosen (the one fewest replicas exceed, if none does)."""
+        S, M = self.stages, self.microbatches
+        g = self.size_model.relative_cost(sizes)  # (stages, micro-batches)
+        predictor = self._predictor(sizes, g)
+        results: dict[str, tuple[int, float]] = {}  # label -> (replicas over the limit, makespan s)
+        plans: dict[str, Plan] = {}
+
+        def consider(label: str, plan: Plan) -> None:
+            result = predictor.run_step(plan, step)
+            results[label], plans[label] = (result.memory_violations, result.makespan_s), plan
+
+        own_counts: dict[str, list[int] | None] = {}
+        limit = None if self.memory_limit is None else max(self.memory_limit, math.ceil(max(sizes) - 1e-9))
+        for label, caps in self.cap_options().items():
+            if self.lanes:
+                members = self.lane_members()
+                lane_costs = [([self.est[k][members[k][j]][0] for k in range(S)],
+                               [self.est[k][members[k][j]][1] for k in range(S)]) for j in range(self.lanes)]
+                lanes, _, own_counts[label] = sized_lanes(lane_costs, caps, sizes, g, self.pipeline_config.transfer_s)
+                raw: list[list[list[tuple[Kind, int]]]] = [[[] for _ in range(self.replicas[k])] for k in range(S)]
+                for j, lane in enumerate(lanes):
+                    for k in range(S):
+                        raw[k][members[k][j]] = lane[k]
+                consider(label, Plan(S, self.replicas, M, to_orders(raw), reorder=True, memory_limit=limit,
+                                     schedule=self.name, activation_sizes=sizes))
+            else:  # unequal replica counts: earliest-finish-time placement on nominal costs, counted activations
+                orders, _ = list_schedule(S, self.replicas, M, self.est, [(1, 0)] * S, caps)
+                consider(label, Plan(S, self.replicas, M, orders, reorder=True, memory_limit=self.memory_limit,
+                                     schedule=self.name))
+                own_counts[label] = None
+        for label, candidate in self._static_candidates(self._lane_counts()).items():
+            consider(label, candidate)
+        statics = sorted((x for x in results if x not in own_counts and results[x][0] == 0), key=lambda x: results[x][1])
+        for label in statics[:3]:
+            for name, order in orders_to_try(g.mean(axis=0).tolist()).items():
+                if name != "given":
+                    consider(f"{label}~{name}", relabel(plans[label], order))
+        consider("warm-start", warm)
+        choice = min(results, key=lambda x: (results[x][0] > 0, results[x][0], results[x][1], x not in own_counts))
+        best_own = min(own_counts, key=lambda x: results[x])
+        fits = {x: v[1] for x, v in results.items() if v[0] == 0} or {x: v[1] for x, v in results.items()}
+        self.last_decision = dataclasses.replace(
+            self.last_decision, predicted_makespan_s=tuple(fits.items()), chosen=choice,
+            lane_microbatches=None if own_counts[best_own] is None else tuple(own_counts[best_own] or ()))
+        return dataclasses.replace(plans[choice], schedule=self.name)
+
     def _issued(self, step: int, plan: Plan) -> Plan:
         """Remember the layout of the plan handed out for ``step``, so its measurements map back to stages."""
         self._layouts[step] = (plan.stage_rank, plan.num_stages // self.stages) \
             if plan.num_stages != self.stages and plan.stage_rank is not None else None
         return plan
 
-    def _predictor(self) -> Any:
+    def _predictor(self, sizes: Sequence[float] | None = None, relative_cost: np.ndarray | None = None) -> Any:
         """A noiseless simulator of the EMA costs: per stage the fastest replica's F, B and I : W split,
-        the others as speeds relative to it (F + B seconds)."""
+        the others as speeds relative to it (F + B seconds); with a step's ``sizes`` told, each
+        micro-batch's costs scaled by its ``relative_cost`` per stage and its activation its size."""
         from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
 
         fastest = [min(self.est[k], key=lambda c: c[0] + c[1]) for k in range(self.stages)]
@@ -437,7 +539,9 @@ class OspreySchedule:
                                  backward_s=tuple(f[1] for f in fastest), speeds=speeds,
                                  weight_fraction=min(1.0, max(0.0, split)), memory_limit=self.memory_limit,
                                  transfer_s=self.pipeline_config.transfer_s)
-        return PipelineSimulator(profile)
+        if sizes is None or relative_cost is None:
+            return PipelineSimulator(profile)
+        return KnownSizesSimulator(profile, sizes, relative_cost)
 
     def _lane_counts(self) -> list[int] | None:
         """Micro-batches per lane in proportion to the lanes' current speeds (1 / period; no momentum: a
@@ -496,7 +600,8 @@ class OspreySchedule:
     def state_dict(self) -> dict[str, Any]:
         return {"latency": self.latency.state_dict(), "weights": list(self.weights),
                 "steps_observed": self.steps_observed, "last_decision": self.last_decision.to_dict(),
-                "layouts": [[t, None if v is None else [list(v[0]), v[1]]] for t, v in sorted(self._layouts.items())]}
+                "layouts": [[t, None if v is None else [list(v[0]), v[1]]] for t, v in sorted(self._layouts.items())],
+                "sizes": [[t, list(v)] for t, v in sorted(self.sizes.items())], "size_model": self.size_model.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state, ("latency", "weights", "steps_observed", "last_decision"), self.name)
@@ -512,6 +617,9 @@ class OspreySchedule:
         self.last_decision = OspreyDecision.from_dict(state["last_decision"])
         self._layouts = {int(t): None if v is None else (tuple(int(k) for k in v[0]), int(v[1]))
                          for t, v in state.get("layouts", [])}
+        self.sizes = {int(t): check_sizes(v, self.microbatches) for t, v in state.get("sizes", [])}
+        if "size_model" in state:
+            self.size_model.load_state_dict(state["size_model"])
 
 
 def _torch_class(name: str) -> Any:

@@ -120,6 +120,14 @@ class Plan:
     stage_rank: tuple[int, ...] | None = None
     """Virtual stages: the rank holding each stage's chunk (length num_stages); ``orders`` is then keyed
     by (rank, replica). None: stage k is rank k, one chunk per rank."""
+    activation_sizes: tuple[float, ...] | None = None
+    """Per micro-batch: its activation in units of ``memory_limit`` (its length over the nominal one,
+    when the step's sizes were known as the plan was made); the limit then bounds their sum per order.
+    None: every micro-batch holds one unit (the limit counts activations)."""
+
+    def activation(self, microbatch: int) -> float:
+        """Units of ``memory_limit`` that ``microbatch``'s forward holds until its B or W completes."""
+        return 1.0 if self.activation_sizes is None else self.activation_sizes[microbatch]
 
     @cached_property
     def split_backward(self) -> bool:
@@ -156,6 +164,8 @@ class Plan:
                "orders": {f"{k},{r}": [str(a) for a in acts] for (k, r), acts in sorted(self.orders.items())}}
         if self.stage_rank is not None:
             out["stage_rank"] = list(self.stage_rank)
+        if self.activation_sizes is not None:
+            out["activation_sizes"] = list(self.activation_sizes)
         return out
 
     @classmethod
@@ -182,6 +192,13 @@ class Plan:
                 raise PlanError(f"plan stage_rank must be a list of ranks (integers >= 0), one per stage, got "
                                 f"{shown(stage_rank)}")
             stage_rank = tuple(stage_rank)
+        sizes = data.get("activation_sizes")
+        if sizes is not None:
+            if not (isinstance(sizes, (list, tuple)) and len(sizes) == microbatches
+                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < MAX_ACTIONS for x in sizes)):
+                raise PlanError(f"plan activation_sizes must be a list of {microbatches} positive numbers (one per "
+                                f"micro-batch, in units of memory_limit), got {shown(sizes)}")
+            sizes = tuple(float(x) for x in sizes)
         if not isinstance(schedule, str) or len(schedule) > 200:
             raise PlanError(f"plan schedule must be a string of at most 200 characters (the scheduler's name), "
                             f"got {shown(schedule)}")
@@ -198,7 +215,8 @@ class Plan:
                                 f"{shown(acts)}")
             orders[(int(parts[0]), int(parts[1]))] = tuple(Action.parse(a) for a in acts)
         plan = cls(num_stages=stages, replicas=tuple(replicas), num_microbatches=microbatches, orders=orders,
-                   reorder=reorder, memory_limit=memory_limit, schedule=schedule, stage_rank=stage_rank)
+                   reorder=reorder, memory_limit=memory_limit, schedule=schedule, stage_rank=stage_rank,
+                   activation_sizes=sizes)
         validate(plan)
         return plan
 
@@ -215,8 +233,12 @@ class PlanSource(Protocol):
     (``pdml_ray.runtime.pipeline_plans.ScheduledPlans``)."""
 
     name: str
+    microbatches: int
+    """Micro-batches per step (how many sizes ``tell_sizes`` takes)."""
 
     def plan(self, step: int) -> Plan: ...
+
+    def tell_sizes(self, step: int, sizes: Sequence[float]) -> None: ...
 
     def observe(self, measurements: Sequence[Measurement]) -> None: ...
 
@@ -230,12 +252,18 @@ class PipelineSchedule(Protocol):
     """
 
     name: str
+    microbatches: int
+    """Micro-batches per step (how many sizes ``tell_sizes`` takes)."""
 
     @property
     def last_decision(self) -> DecisionRecord | None:
         """The record behind the latest plan (None: a static schedule decides nothing)."""
 
     def plan(self, step: int) -> Plan: ...
+
+    def tell_sizes(self, step: int, sizes: Sequence[float]) -> None:
+        """Step ``step``'s micro-batch sizes, before it is planned (``pdml_ray.pipeline.sizes``); static
+        schedules ignore them."""
 
     def observe(self, measurements: Sequence[Measurement]) -> None: ...
 
@@ -417,12 +445,17 @@ def _where(plan: Plan, key: tuple[int, int]) -> str:
 def _check_memory(plan: Plan) -> None:
     if plan.memory_limit is None:
         return
+    sizes = plan.activation_sizes
+    if sizes is not None and (len(sizes) != plan.num_microbatches or min(sizes, default=1.0) <= 0):
+        raise PlanError(f"plan activation_sizes needs {plan.num_microbatches} positive entries (one per micro-batch), "
+                        f"got {shown(sizes)}")
     for (k, r), actions in sorted(plan.orders.items()):
-        in_flight = 0
+        held = 0.0  # units of memory_limit
         for i, a in enumerate(actions):
-            in_flight += 1 if a.kind is Kind.FORWARD else -1 if a.kind in FREES_ACTIVATION else 0
-            if in_flight > plan.memory_limit:
-                raise PlanError(f"memory limit exceeded: {_where(plan, (k, r))} holds {in_flight} activations at "
+            size = plan.activation(a.microbatch)
+            held += size if a.kind is Kind.FORWARD else -size if a.kind in FREES_ACTIVATION else 0.0
+            if held > plan.memory_limit + 1e-9:
+                raise PlanError(f"memory limit exceeded: {_where(plan, (k, r))} holds {held:g} activations at "
                                 f"position {i} ({a}) but memory_limit={plan.memory_limit}")
 
 

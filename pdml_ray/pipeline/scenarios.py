@@ -12,10 +12,13 @@ micro-batch at a stage, as the named profiles):
   ``transfer_delay_s`` with probability ``transfer_delay_p``.
 * ``memory-cap``: activation memory per micro-batch follows its sequence length (``uneven``'s
   lengths), and each replica may hold ``memory_cap`` x stages mean activations: less than what 1F1B's
-  warm-up holds at the first stages, so orders that ignore the cap exceed it.
+  warm-up holds at the first stages, so orders that ignore the cap exceed it. Lengths are truncated at
+  that budget (a data loader's maximum length), so a micro-batch fits alone and some order always
+  stays within the cap: untruncated, a micro-batch longer than the budget would exceed it whatever the
+  order.
 
 Every other field is nominal; the memory limit is ``stages`` mean activations per replica (1F1B's peak)
-outside ``memory-cap``.
+outside ``uneven`` (none: it is about costs) and ``memory-cap``.
 """
 
 from __future__ import annotations
@@ -86,11 +89,14 @@ def scenario_profile(name: str, stages: int, replicas: int | Sequence[int], *, s
         fields["slow_windows"] = (SlowWindow(stage, replica, cfg.drift_factor, steps // 4,
                                              max(1, round(cfg.drift_window * steps))),)
     elif name == "uneven":
-        fields.update(seq_len_sigma=cfg.seq_len_sigma, attention_share=cfg.attention_share)
+        # No memory limit: this scenario is about costs (memory-cap is about memory). Counted in lengths, every
+        # static order exceeds 1F1B's peak here, and a schedule that kept to it would be compared with orders
+        # that do not.
+        fields.update(seq_len_sigma=cfg.seq_len_sigma, attention_share=cfg.attention_share, memory_limit=None)
     elif name == "comm-delay":
         fields.update(transfer_s=cfg.transfer_s, transfer_delay_p=cfg.transfer_delay_p,
                       transfer_delay_s=cfg.transfer_delay_s)
     elif name == "memory-cap":
         fields.update(seq_len_sigma=cfg.seq_len_sigma, attention_share=cfg.attention_share,
-                      memory_limit=memory_cap(stages, cfg))
+                      memory_limit=memory_cap(stages, cfg), max_seq_len=float(memory_cap(stages, cfg)))
     return ClusterProfile.build(stages, reps, seed=seed, **fields)

@@ -106,6 +106,9 @@ class ClusterProfile:
     (1 - attention_share) L + attention_share L^2 (attention is quadratic), its activations as L."""
     attention_share: float = 0.5
     """Share of a micro-batch's cost at mean length that is attention (quadratic in its length)."""
+    max_seq_len: float | None = None
+    """Longest sequence length (relative to the distribution's mean) a micro-batch may have, as a data
+    loader's maximum length truncates them; None: no limit."""
     transfer_delay_p: float = 0.0
     """Probability that one transfer between ranks is late (a communication straggler), drawn per step,
     stage, direction and micro-batch."""
@@ -130,11 +133,12 @@ class ClusterProfile:
                     and w.start_step >= 0 and w.steps >= 1):
                 raise ConfigError(f"profile: slow window {w} needs a replica of the cluster, a factor > 0, a start "
                                   "step >= 0 and at least one step")
-        if not (self.seq_len_sigma >= 0 and 0 <= self.attention_share <= 1 and 0 <= self.transfer_delay_p <= 1
+        if not (self.seq_len_sigma >= 0 and (self.max_seq_len is None or self.max_seq_len > 0)
+                and 0 <= self.attention_share <= 1 and 0 <= self.transfer_delay_p <= 1
                 and self.transfer_delay_s >= 0):
-            raise ConfigError(f"profile: seq_len_sigma >= 0, attention_share and transfer_delay_p in [0, 1], "
-                              f"transfer_delay_s >= 0 seconds; got {self.seq_len_sigma}, {self.attention_share}, "
-                              f"{self.transfer_delay_p}, {self.transfer_delay_s}")
+            raise ConfigError(f"profile: seq_len_sigma >= 0, max_seq_len > 0 or None, attention_share and "
+                              f"transfer_delay_p in [0, 1], transfer_delay_s >= 0 seconds; got {self.seq_len_sigma}, "
+                              f"{self.max_seq_len}, {self.attention_share}, {self.transfer_delay_p}, {self.transfer_delay_s}")
 
     @classmethod
     def build(cls, stages: int, replicas: int | Sequence[int], *, profile: str = "homogeneous",
@@ -160,6 +164,13 @@ class ClusterProfile:
 
 
 PROFILES = ("homogeneous", "heterogeneous", "noisy")
+
+
+def split_backward_work(fb: np.ndarray, weight_fraction: float) -> np.ndarray:
+    """(stages, 2, micro-batches) F and B seconds -> (stages, kinds, micro-batches) by ``KIND_INDEX``: F, B,
+    then I = (1 - weight_fraction) B and W = weight_fraction B."""
+    split = fb[:, 1:2, :] * np.array([1.0 - weight_fraction, weight_fraction])[None, :, None]
+    return np.concatenate([fb, split], axis=1)
 
 
 def _integer_window(job_s: np.ndarray, speeds: Sequence[float]) -> float:
@@ -223,7 +234,8 @@ class PipelineSimulator:
         if not sigma:
             return np.ones(microbatches)
         rng = np.random.default_rng([self.seed, 19, step])
-        return rng.lognormal(-sigma**2 / 2, sigma, size=microbatches)
+        lengths = rng.lognormal(-sigma**2 / 2, sigma, size=microbatches)
+        return lengths if self.profile.max_seq_len is None else np.minimum(lengths, self.profile.max_seq_len)
 
     def transfer_delays(self, step: int, stages: int, microbatches: int) -> np.ndarray:
         """(stages, 2, microbatches) extra seconds of the transfer out of each stage: [.., 0, m] its
@@ -248,8 +260,7 @@ class PipelineSimulator:
         mb = mb * ((1.0 - p.attention_share) * lengths + p.attention_share * lengths**2)
         base = np.stack([np.asarray(p.forward_s), np.asarray(p.backward_s)], axis=1)[:, :, None]
         fb = base * mb[None, None, :] * noise  # (S, 2, M): F, B
-        split = fb[:, 1:2, :] * np.array([1.0 - p.weight_fraction, p.weight_fraction])[None, :, None]
-        return np.concatenate([fb, split], axis=1)
+        return split_backward_work(fb, p.weight_fraction)
 
     def layout(self, num_stages: int, stage_rank: Sequence[int] | None) -> tuple[list[int], int]:
         """The profile stage of each of a plan's ``num_stages`` stages, and the chunks per profile stage:
@@ -379,9 +390,17 @@ class PipelineSimulator:
 
 def simulate_schedule(scheduler: PlanSource, simulator: PipelineSimulator, steps: int,
                       *, check: bool = False) -> list[StepResult]:
-    """Plan, run and feed back ``steps`` global steps; ``check`` validates every plan first."""
+    """Plan, run and feed back ``steps`` global steps; ``check`` validates every plan first.
+
+    Where the profile's sequence lengths vary (``seq_len_sigma``), the schedule is told each step's
+    micro-batch sizes, and the next step's, before it plans the step (``tell_sizes``): a data loader
+    one step ahead, which a schedule that plans a step ahead (``ScheduledPlans``) needs.
+    """
     results = []
     for step in range(steps):
+        if simulator.profile.seq_len_sigma:
+            for t in (step, step + 1) if step == 0 else (step + 1,):
+                scheduler.tell_sizes(t, simulator.sequence_lengths(t, scheduler.microbatches).tolist())
         plan = scheduler.plan(step)
         if check:
             validate(plan)

@@ -41,6 +41,9 @@ class _StaticBase(ABC):
     def observe(self, measurements: Sequence[Measurement]) -> None:
         """Static schedules ignore measurements (critical-path refreshes its cost estimates)."""
 
+    def tell_sizes(self, step: int, sizes: Sequence[float]) -> None:
+        """A static order is fixed before any step: micro-batch sizes change nothing."""
+
     def plan(self, step: int) -> Plan:
         if self._cache is None:
             self._cache = self._build()

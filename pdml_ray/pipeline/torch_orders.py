@@ -257,6 +257,9 @@ class TorchOrderSchedule:
     def plan(self, step: int) -> Plan:
         return self._plan
 
+    def tell_sizes(self, step: int, sizes: Sequence[float]) -> None:
+        """A static order is fixed before any step: micro-batch sizes change nothing."""
+
     def observe(self, measurements: Sequence[Measurement]) -> None:
         """A torch order is fixed: measurements change nothing."""
 

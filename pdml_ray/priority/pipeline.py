@@ -7,7 +7,9 @@ other axis:
 
     on_shape({"stages", "replicas", "microbatches"})   the runtime announces the pipeline it runs
     observe(step, rows)          one step's action latencies, rows of (stage, replica, kind, microbatch,
-                                 seconds) as plain tuples (cheap to send, like ``PackedReports``)
+                                 seconds) as plain tuples (cheap to send, like ``PackedReports``);
+                                 or, before step ``step`` is planned, its micro-batch sizes as rows
+                                 ('size', microbatch, relative size) (the replay log keeps both)
     decide(boundary, earlier)    the plan for ``boundary.first_step``: a ``MicroBatchPlan``
 
 The runtime asks for step t+1's plan while step t runs (``pdml_ray.runtime.pipeline``), so an adaptive
@@ -121,6 +123,8 @@ class PipelineDeriver(Deriver):
             return Rejection("pipeline", f"pipeline latencies must be a list of at most {MAX_ROWS_PER_OBSERVATION} "
                                          f"rows, got {type(rows).__name__}")
         stages, replicas, m = self.shape["stages"], self.shape["replicas"], self.shape["microbatches"]
+        if rows and type(rows[0]) is tuple and len(rows[0]) == 3 and rows[0][0] == "size":  # noqa: E721
+            return self._sizes_rejection(rows, m)
         # Virtual stages: a plan of two chunks per rank (torch's interleaved and V orders, osprey's
         # choice of them) has 2 x stages stages; those plans need equal replica counts.
         virtual = 2 * stages if len(set(replicas)) == 1 else stages
@@ -137,9 +141,26 @@ class PipelineDeriver(Deriver):
                                              f"microbatch, seconds) within the announced shape, got {row!r:.120}")
         return None
 
+    @staticmethod
+    def _sizes_rejection(rows: Sequence[object], microbatches: int) -> Rejection | None:
+        """Why a step's micro-batch sizes (rows ('size', microbatch, relative size), one per micro-batch in
+        order) cannot be taken, or None."""
+        ok = len(rows) == microbatches and all(
+            type(row) is tuple and len(row) == 3 and row[0] == "size" and row[1] == i  # noqa: E721
+            and isinstance(row[2], (int, float)) and not isinstance(row[2], bool) and 0.0 < row[2] < 1e6
+            for i, row in enumerate(rows))
+        return None if ok else Rejection(
+            "pipeline", f"pipeline micro-batch sizes must be {microbatches} rows ('size', microbatch, relative size > 0), "
+                        f"one per micro-batch in order, got {str(rows)[:120]}")
+
     def observe(self, step: int, rows: Sequence[tuple]) -> None:
-        """Fold one step's latencies (checked by ``observation_rejection``) into the schedule's estimates."""
+        """Fold one step's latencies (checked by ``observation_rejection``) into the schedule's estimates;
+        or, for rows ('size', microbatch, size), tell the schedule step ``step``'s micro-batch sizes
+        before its plan is asked for (``ScheduledPlans.tell_sizes``)."""
         assert self.schedule is not None
+        if rows and rows[0][0] == "size":
+            self.schedule.tell_sizes(step, [float(s) for _, _, s in rows])
+            return
         self.schedule.observe([Measurement(k, r, Kind(kind), mb, float(s)) for k, r, kind, mb, s in rows])
         self.steps_observed += 1
 

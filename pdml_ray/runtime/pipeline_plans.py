@@ -30,6 +30,7 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
 from pdml_ray.pipeline.plan import DecisionRecord, Measurement, Plan
+from pdml_ray.pipeline.sizes import check_sizes
 from pdml_ray.scheduler import Scheduler
 
 PLAN_TIMEOUT_S = 60.0
@@ -57,6 +58,8 @@ class ScheduledPlans:
         reps = [int(replicas)] * stages if isinstance(replicas, int) else [int(r) for r in replicas]
         self.name = config.pipeline.schedule
         self.shape = {"stages": int(stages), "replicas": reps, "microbatches": int(microbatches)}
+        self.microbatches = int(microbatches)
+        self._sizes: dict[int, tuple[float, ...]] = {}  # step -> micro-batch sizes told, sent with its request
         self._run = RunScheduler(config, sum(reps), in_process=in_process, name_prefix="pdml-pipeline")
         self.config, self.client = self._run.config, self._run.client
         self.scheduler: Scheduler | None = self._run.scheduler
@@ -76,7 +79,21 @@ class ScheduledPlans:
         """The scheduler actor's name (``pdml-ray status --name``), None in-process."""
         return self._run.name
 
+    def tell_sizes(self, step: int, sizes: Sequence[float]) -> None:
+        """Step ``step``'s micro-batch sizes, relative to the nominal micro-batch (its tokens over the
+        nominal micro-batch's, say; ``pdml_ray.pipeline.sizes``), for the schedule to plan that step
+        with (osprey predicts each micro-batch's cost from its size and keeps the sum of held sizes
+        within the memory limit; static schedules ignore them). They go to the scheduler just before
+        the step's plan is requested, which is one step ahead: tell step t + 1's before ``plan(t)`` (a
+        data loader that prefetches a batch), and steps 0 and 1's before ``plan(0)``; sizes told later
+        than that are dropped."""
+        self._sizes[int(step)] = check_sizes(sizes, self.microbatches)
+
     def _request(self, step: int) -> None:
+        sizes = self._sizes.pop(step, None)
+        self._sizes = {t: v for t, v in self._sizes.items() if t > step}
+        if sizes is not None:  # before the request: the scheduler takes calls from one caller in order
+            self.client.observe("pipeline", step, [("size", m, s) for m, s in enumerate(sizes)])
         since = {"pipeline": self.decision.version} if self.decision is not None else {}
         self.client.request(Boundary(step, 1, ()), since)
         self._requested = step

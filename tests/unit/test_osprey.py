@@ -203,6 +203,7 @@ def test_every_scheduler_implements_the_whole_protocol(name: str) -> None:
         a.observe(sim.run_step(a.plan(step), step).measurements)
     assert a.name == name
     assert (a.last_decision is None) == (name in ("gpipe", "1f1b", "critical-path"))
+    a.tell_sizes(2, [1.0, 0.5, 2.0, 1.0, 0.5])  # told before the state is saved: the state keeps them
     # A fresh scheduler loaded with the state (through JSON) plans exactly the same, decides the same.
     b = make_schedule(name, stages=2, replicas=(2, 1), microbatches=5, config=config)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
