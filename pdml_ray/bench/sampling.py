@@ -25,7 +25,12 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
 - baselines besides uniform: ``focal`` (uniform draws, focal loss with gamma 2: no change to sampling)
   and ``label_balanced`` (below);
 - every priority arm runs with the pay switch (``--pay-threshold``, default 1.0, an override of the
-  library's None): draws go uniform while the predicted gain is below the measured cost;
+  library's None): uniform draws at first, priority draws while a measured A/B (intervals of the other
+  kind of draw now and then, ``pdml_ray.priority.sample_switch``) finds their loss falling faster per
+  second than uniform draws'. Common random numbers: each table is seeded like the uniform arm's
+  sampler and draws an interval at once as it does, so a priority arm drawing uniformly (switched off,
+  or before its first probe) trains on the uniform arm's very batches until its draws first differ;
+  its time then differs from uniform's by what the table costs;
 - ablations: ``priority_beta1`` (beta held at 1 from step 0: fully unbiased), ``priority_no_correction``
   (beta 0: every weight 1, the sampler's bias left in) and ``label_balanced`` (what a practitioner who
   knows the labels does: each draw picks a class uniformly, then a sample of it uniformly, i.e. the
@@ -227,6 +232,7 @@ class _Arm:
                          if cfg is not None and cfg.mode == "selective-backprop" else None)
         self.plan_ahead = args.plan_ahead
         self._plans: list = []               # plans drawn for the rest of the interval
+        self._uniform: np.ndarray = np.empty(0, dtype=np.int64)  # uniform draws for the rest of the interval
         self._feedback: list[tuple] = []     # (indices, losses) of the interval's steps so far
         self.rng = np.random.default_rng(seed + 1)
         self.batch = args.batch_size
@@ -247,7 +253,11 @@ class _Arm:
         if self.classes is not None:
             idx = class_balanced_draw(self.rng, self.classes, self.batch)
         elif self.sp is None:
-            idx = self.rng.integers(0, self.n, self.batch)
+            # an interval's draws at once, as the table draws its uniform plans: with the table seeded
+            # like this arm (_trial), a priority arm drawing uniformly trains on these same batches
+            if not self._uniform.size:
+                self._uniform = self.rng.integers(0, self.n, self.batch * self.plan_ahead)
+            idx, self._uniform = self._uniform[:self.batch], self._uniform[self.batch:]
         else:
             # As in the Ray Train path: at each interval boundary the table takes the interval's
             # losses in one update, then hands out the next interval's plans from one draw.
@@ -315,7 +325,9 @@ class _Arm:
                 continuity_update_fraction=stats.continuity_update_seconds / self.train_s,
                 continuity_check_us=1e6 * (stats.continuity_seconds - stats.continuity_update_seconds) / checks,
                 recalibration_overhead_fraction=stats.recalibration_seconds / self.train_s,
-                priority_stats=dataclasses.asdict(stats))
+                priority_stats=dataclasses.asdict(stats),
+                # the pay switch's verdicts: (first step of the probe, measured gain, priority on after it)
+                switch_verdicts=[list(v) for v in self.sp.switch.verdicts])
         return out
 
 
@@ -337,7 +349,8 @@ def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, tar
     for name, lr in lrs.items():
         sp, selection_s = None, 0.0
         if name in _PRIORITY_ARMS:
-            sp = SamplePrioritizer(args.dataset_size, priority_config(args, name), continuity, seed=seed)
+            # seed + 1: the table's uniform draws are the uniform arm's (common random numbers, _Arm)
+            sp = SamplePrioritizer(args.dataset_size, priority_config(args, name), continuity, seed=seed + 1)
         if name == "rho_loss":
             assert sp is not None
             il = _irreducible_losses(x, y, args.holdout_fraction, seed)
@@ -413,6 +426,7 @@ def _arm_summary(trials: list[dict[str, Any]], name: str) -> dict[str, Any]:
         out["switches_off"] = median([r["priority_stats"]["switches_off"] for r in per])
         out["switches_on"] = median([r["priority_stats"]["switches_on"] for r in per])
         out["priority_on_at_end"] = sum(bool(r["priority_stats"]["priority_on"]) for r in per)
+        out["probes"] = median([r["priority_stats"]["probes"] for r in per])
     if "irreducible_model" in per[0]:
         out["irreducible_model_s"] = median([r["irreducible_model"]["train_s"] + r["irreducible_model"]["infer_s"]
                                              for r in per])
@@ -572,6 +586,11 @@ def _targets(args: argparse.Namespace, summary: dict[str, Any], control: dict[st
     return out
 
 
+def _verdicts(result: dict[str, Any]) -> str:
+    """A priority arm's pay-switch verdicts, 'step:gain:on|off' each (a table line)."""
+    return " ".join(f"{step}:{gain:.2g}:{'on' if on else 'off'}" for step, gain, on in result["switch_verdicts"]) or "none"
+
+
 def choose_arms(args: argparse.Namespace) -> list[str]:
     """The arms of this run, in ``ARMS`` order: ``--arms`` (uniform and priority always run), else all
     but the ablations under ``--no-ablations``."""
@@ -640,7 +659,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         a, c = runs[-1]["arms"], controls[-1]["arms"]
         stats = a["priority"]["priority_stats"]
         print(f"  seed {seed}: steps to F1>={args.target_f1}: " + ", ".join(f"{n} {a[n]['steps_to_target']}" for n in arm_names)
-              + f"; control {c['uniform']['steps_to_target']} vs {c['priority']['steps_to_target']}; continuity "
+              + f"; control {c['uniform']['steps_to_target']} vs {c['priority']['steps_to_target']} (pay switch "
+              f"verdicts {_verdicts(c['priority'])}); continuity "
               f"collapses (peaked/flat) {stats['collapsed_peaked']:.0f}/{stats['collapsed_flat']:.0f}")
     summary, control = _summary(runs, arm_names), _summary(controls, ["uniform", "priority"])
     tree = _sumtree_timing(10 if args.quick else 50, args.seed)

@@ -58,13 +58,15 @@ class SamplePriorityConfig:
     percentile_window: int = 4096
     """selective-backprop: recent per-sample losses a worker keeps to place a loss's percentile."""
     pay_threshold: float | None = None
-    """Switch to uniform draws while priority sampling does not pay: while the predicted variance
-    reduction of the sampled loss (from the scores) divided by the measured cost factor (1 + selection
-    seconds per step / step seconds) is below this, draws are uniform with weight 1; back on above
-    ``pay_threshold * 1.1``. Each switch is counted. None (default) never switches."""
+    """Priority draws only while they are measured to pay: the table starts with uniform draws and now
+    and then draws 2 intervals the other way (a probe); while priority's loss drop per second, over
+    uniform's, is below this the draws are uniform with weight 1, and they turn on above
+    ``pay_threshold * 1.1`` (``pdml_ray.priority.sample_switch``). Each switch is counted. None
+    (default): priority draws always, no probes."""
 
     gain_proxy: Literal["loss", "logit-gradient"] = "loss"
-    """The per-sample gradient-norm proxy the pay switch's gain is computed from: the score (the loss),
+    """The per-sample gradient-norm proxy of the pay switch's probe gate (a priority probe runs only where
+    the predicted variance reduction over the cost reaches ``pay_threshold``): the score (the loss),
     or 1 - exp(-loss), the norm of a cross-entropy loss's gradient with respect to the true class's
     logit (exactly |sigmoid(z) - y| for a binary cross-entropy; Katharopoulos & Fleuret's bound)."""
 
@@ -78,7 +80,7 @@ class SamplePriorityConfig:
         check_range(self.percentile_window, "sample_priority.percentile_window", 1, 1 << 26, whole=True,
                     hint="recent losses per worker")
         check_range(self.pay_threshold, "sample_priority.pay_threshold", 0.0, 1e6, open_low=True, none_ok=True,
-                    hint="gain over cost below which draws go uniform, e.g. 1.0; None = never switch")
+                    hint="measured gain below which draws go uniform, e.g. 1.0; None = never switch")
         require(isinstance(self.replacement, bool),
                 f"sample_priority.replacement must be true or false, got {shown(self.replacement)}")
         require(isinstance(self.unseen_score, str) and self.unseen_score in ("max", "mean"),

@@ -112,22 +112,27 @@ class SampleStats:
     mode: str = "importance"
     """``SamplePriorityConfig.mode``."""
     priority_on: bool = True
-    """Whether the last plans were drawn by priority (False: uniform, switched off or selective-backprop)."""
+    """Whether priority draws are on (False: uniform, switched off or selective-backprop; the pay switch's
+    probes draw the other way for two intervals now and then)."""
     switches_off: int = 0
     """Times the pay switch turned priority draws off (``pdml_ray.priority.sample_switch``)."""
     switches_on: int = 0
     """Times it turned them back on."""
     predicted_gain: float = float("nan")
-    """Last predicted variance reduction of priority draws over uniform ones (nan before a verdict)."""
+    """Predicted variance reduction of priority draws over uniform ones at the last probe gate (nan before one)."""
     cost_factor: float = float("nan")
-    """Last cost factor: 1 + selection seconds per step / step seconds."""
+    """Cost factor at the last probe gate: 1 + selection seconds per step / step seconds."""
+    measured_gain: float = float("nan")
+    """The pay switch's last verdict: priority's measured loss drop per second over uniform's (nan before one)."""
+    probes: int = 0
+    """A/B probes the pay switch has run (intervals drawn the other way to measure the gain)."""
     selection_seconds: float = 0.0
     """Wall time the table spent in plans and updates (draws, weights, scoring) (s)."""
 
     def summary_lines(self) -> list[str]:
         return [f"sample priorities ({self.mode}): draws {'by priority' if self.priority_on else 'uniform'}, "
-                f"pay switch off {self.switches_off}x / on {self.switches_on}x (predicted gain "
-                f"{self.predicted_gain:.3g} vs cost {self.cost_factor:.3g}), selection {self.selection_seconds:.3g} s",
+                f"pay switch off {self.switches_off}x / on {self.switches_on}x (measured gain {self.measured_gain:.3g} "
+                f"over {self.probes} probes), selection {self.selection_seconds:.3g} s",
                 f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
                 f"epoch {self.epoch:.2f}, uniform mix {self.uniform_mix:.3g}, beta {self.beta:.3g}, "
                 f"recalibrations {self.recalibrations} (flat {self.collapsed_flat}, peaked {self.collapsed_peaked}, "
@@ -145,7 +150,7 @@ class SampleStats:
                GaugeValue("pdml_sample_uniform_fallbacks_total", "sample plans that fell back to uniform draws",
                           self.uniform_fallbacks),
                GaugeValue("pdml_sample_switches_off_total", "times the pay switch turned priority draws off "
-                          "(predicted gain below its cost)", self.switches_off),
+                          "(measured gain below its threshold)", self.switches_off),
                GaugeValue("pdml_sample_switches_on_total", "times the pay switch turned priority draws back on",
                           self.switches_on),
                GaugeValue("pdml_sample_priority_on_ratio", "1 while sample plans are drawn by priority, 0 while "
@@ -157,7 +162,10 @@ class SampleStats:
                GaugeValue("pdml_sample_epochs", "epochs drawn so far (samples drawn / data set size)", self.epoch)]
         if not math.isnan(self.predicted_gain):
             out.append(GaugeValue("pdml_sample_predicted_gain_ratio", "predicted variance reduction of priority "
-                                  "draws over uniform ones (the pay switch's gain)", self.predicted_gain))
+                                  "draws over uniform ones (the pay switch's probe gate)", self.predicted_gain))
+        if math.isfinite(self.measured_gain):
+            out.append(GaugeValue("pdml_sample_measured_gain_ratio", "priority draws' measured loss drop per second "
+                                  "over uniform draws' (the pay switch's last verdict)", self.measured_gain))
         if not math.isnan(self.normalized_ess):
             out.append(GaugeValue("pdml_sample_normalized_ess_ratio", "normalised effective sample size of the "
                                   "sample priorities (0-1)", self.normalized_ess))
@@ -273,7 +281,22 @@ class SamplePrioritizer(SampleDraws):
         try:
             return self._ingest(indices, losses, step)
         finally:
-            self.switch.record_selection(time.perf_counter() - t0)
+            self.switch.record_selection(time.perf_counter() - t0, step=step)
+
+    def _measure(self, idx: np.ndarray, loss: np.ndarray, step: int) -> None:
+        """The pay switch's yardstick for these losses (the reducible ones under rho-loss), read before
+        they are written: l / (N p) and s / (N p) of each (s: the sample's score, the unseen at the score
+        they are drawn at; p: its draw probability in the interval holding ``step``, 1 / N where it drew
+        uniformly) and the table's mean score, the control variate's known mean (``sample_switch``)."""
+        priority = self.switch.current_priority(step)
+        if priority is None:
+            return
+        seen = self.num_samples - self.unseen_count
+        unseen = (self.seen_sum / seen if seen else 0.0) if self.config.unseen_score == "mean" else self.max_score
+        table_mean = (self.seen_sum + self.unseen_count * unseen) / self.num_samples
+        scores = np.where(self.seen[idx], self.scores[idx], unseen)
+        relative_p = self.num_samples * self.probabilities(idx, step) if priority else 1.0
+        self.switch.record_losses(step, loss / relative_p, scores / relative_p, table_mean)
 
     def _ingest(self, indices: np.ndarray, losses: np.ndarray, step: int) -> ContinuityVerdict | None:
         idx = np.asarray(indices, dtype=np.int64).ravel()
@@ -285,6 +308,8 @@ class SamplePrioritizer(SampleDraws):
         idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
         if self.irreducible is not None:  # rho-loss: the reducible part, never below 0
             loss = np.maximum(loss - self.irreducible[idx], 0.0)
+        if self.switch.threshold is not None and self.rule.prioritised and idx.size:
+            self._measure(idx, loss, step)
         if idx.size:
             cap = self.score_cap(loss)
             self.clipped += int(np.count_nonzero(loss > cap))
@@ -461,7 +486,8 @@ class SamplePrioritizer(SampleDraws):
             recalibration_seconds=self.recalibration_seconds, continuity_update_seconds=self.squares_seconds,
             distinct_shortfalls=self.distinct_shortfalls, clipped_losses=self.clipped, mode=self.config.mode,
             priority_on=self.rule.prioritised and self.switch.on, switches_off=self.switch.switches_off,
-            switches_on=self.switch.switches_on, predicted_gain=self.switch.gain, cost_factor=self.switch.cost,
+            switches_on=self.switch.switches_on, predicted_gain=self.switch.predicted, cost_factor=self.switch.cost,
+            measured_gain=self.switch.gain, probes=self.switch.probes,
             selection_seconds=self.switch.selection_s)
 
     # ------------------------------------------------------------------ checkpoints

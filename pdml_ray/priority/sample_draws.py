@@ -31,14 +31,15 @@ uniformly among unseen samples by rejection from a lazily compacted list.
 Modes and the pay switch. The mode (``pdml_ray.priority.sample_modes``) gives beta's schedule and
 whether draws follow the scores at all; a plan is drawn uniformly, every weight 1, under
 selective-backprop and while the pay switch (``pdml_ray.priority.sample_switch``) has priority draws
-off. The switch's verdict is taken once per ``plans`` call from ``GAIN_ITEMS`` seen samples, and the
-call's wall time counts as selection cost.
+off. Each ``plans`` call is one interval of the switch's A/B, and the call's wall time counts as
+selection cost.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Sequence
 
@@ -48,7 +49,7 @@ from pdml_ray.config import SamplePriorityConfig
 from pdml_ray.decisions import MAX_STEP, SamplePlan
 from pdml_ray.errors import PlanError, shown
 from pdml_ray.priority.sample_modes import ModeRule
-from pdml_ray.priority.sample_switch import GAIN_ITEMS, PaySwitch
+from pdml_ray.priority.sample_switch import GAIN_ITEMS, PaySwitch, predicted_gain
 from pdml_ray.priority.sumtree import SumTree
 
 logger = logging.getLogger(__name__)
@@ -108,23 +109,34 @@ class SampleDraws:
         """Importance-weight exponent at ``step``, as the mode schedules it (``sample_modes``)."""
         return self.rule.beta(self.config, step)
 
-    def priority_draws(self, step: int) -> bool:
-        """Whether plans from ``step`` follow the scores: the mode draws by priority and the pay switch,
-        judged now from ``GAIN_ITEMS`` seen samples drawn from the tree, finds that it pays (module docstring)."""
+    def priority_draws(self, step: int, num_steps: int = 1) -> bool:
+        """Whether the plans of the interval from ``step`` (``num_steps`` steps) follow the scores: the mode
+        draws by priority and the pay switch (``sample_switch``: a measured A/B against uniform draws) has
+        them on or probes them now. A priority probe from the off state first needs the predicted gain
+        over its cost to reach the bar for turning on (its gate, ``_predicted_gate``)."""
         if not self.rule.prioritised:
             return False
-        if self.switch.threshold is None:
-            return True
+        gate = self._predicted_gate(step) if self.switch.probe_due() and not self.switch.on else None
+        return self.switch.begin_interval(step, num_steps, gate)
+
+    def _predicted_gate(self, step: int) -> float | None:
+        """The predicted variance reduction over the cost factor (``PaySwitch.gate``), from ``GAIN_ITEMS``
+        seen samples drawn from the tree and the unseen ones as one group; None with nothing seen."""
         seen, total = self.num_samples - self.unseen_count, self.tree.total
         if seen == 0 or not total > 0:  # no seen score above 0: nothing to judge by
-            return self.switch.on
+            return None
         # GAIN_ITEMS seen samples drawn from the tree (q ~ s^alpha), so the heavy ones are in (sample_switch)
         sub = self.tree.draw(GAIN_ITEMS, self.switch_rng)
         relative_q = seen * self.tree.values(sub) / total
         proxy = self.scores[sub]
+        # the unseen group: its score (mean or max seen, as drawn) and N p of one of its samples
+        unseen = self.seen_sum / seen if self.config.unseen_score == "mean" else self.max_score
+        mix, z = self.mix(step), sum(self._mass())
+        unseen_np = self.num_samples * (1.0 - mix) * self._unseen_weight() / z + mix
         if self.config.gain_proxy == "logit-gradient":  # cross-entropy: |d loss / d logit| = 1 - exp(-loss)
-            proxy = -np.expm1(-proxy)
-        return self.switch.decide(proxy, self.num_samples * self.probabilities(sub, step), relative_q)
+            proxy, unseen = -np.expm1(-proxy), -math.expm1(-unseen)
+        group = (self.unseen_count / self.num_samples, unseen, unseen_np)
+        return self.switch.gate(predicted_gain(proxy, self.num_samples * self.probabilities(sub, step), relative_q, group))
 
     def _mass(self) -> tuple[float, float]:
         """(tree mass, unseen-group mass): sum of s^alpha over seen samples, U * M^alpha."""
@@ -228,7 +240,7 @@ class SampleDraws:
             raise PlanError(f"plans for {num_steps} steps of {total} samples ({total * num_steps} indices) exceed "
                             f"{_MAX_PLAN_SAMPLES}; lower the decision interval or the global batch size")
         t0 = time.perf_counter()
-        prioritised = self.priority_draws(first_step)
+        prioritised = self.priority_draws(first_step, num_steps)
         mix = self.mix(first_step) if prioritised else 1.0
         if not prioritised:  # uniform draws, every weight 1 (N p = 1 below)
             drawn = (self.rng.integers(0, self.num_samples, size=total * num_steps) if self.config.replacement

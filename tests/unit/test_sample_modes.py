@@ -8,7 +8,7 @@ import pytest
 from pdml_ray.config import SamplePriorityConfig
 from pdml_ray.errors import ConfigError, ReportError
 from pdml_ray.priority.sample import SamplePrioritizer
-from pdml_ray.priority.sample_switch import PaySwitch, predicted_gain
+from pdml_ray.priority.sample_switch import FIRST_PROBE, PaySwitch, predicted_gain
 from pdml_ray.priority.selective_backprop import BackpropSelector
 
 
@@ -75,34 +75,22 @@ def test_predicted_gain_is_one_for_uniform_and_the_second_moment_ratio_for_p_pro
     assert predicted_gain(s, s / s.mean()) == pytest.approx(np.mean(s * s) / s.mean() ** 2)  # ~2 for exponential
 
 
-def test_pay_switch_turns_priority_off_on_flat_scores_and_back_on_with_hysteresis():
-    n = 2000
-    sp = _table(n, np.full(n, 0.7), pay_threshold=1.05, uniform_mix=0.0)
-    plan = sp.plan(1, [2000])
-    assert sp.stats().switches_off == 1 and not sp.stats().priority_on
-    assert sp.stats().predicted_gain == pytest.approx(1.0)
-    assert np.all(np.concatenate(plan.weights) == 1.0)
-    peaked = np.full(n, 0.01)
-    peaked[:100] = 5.0  # 5% of the samples hold most of the loss: gain ~ 19
-    sp.update(np.arange(n), peaked, step=2)
-    plan = sp.plan(3, [2000])
-    stats = sp.stats()
-    assert stats.switches_on == 1 and stats.priority_on and stats.predicted_gain > 10
-    assert np.mean(np.concatenate(plan.indices) < 100) > 0.8
-    assert stats.selection_seconds > 0
+def _to_the_probe_gate(sp: SamplePrioritizer) -> None:
+    """Plans until the pay switch's first probe is due, which computes its gate (the predicted gain)."""
+    for step in range(1, FIRST_PROBE + 2):
+        sp.plan(step, [64])
 
 
-def test_pay_switch_counts_the_measured_cost():
+def test_pay_switch_gate_divides_the_predicted_gain_by_the_measured_cost():
     switch = PaySwitch(1.0)
-    switch.record_selection(0.5, steps=10)  # 50 ms of selection per step
+    switch.record_selection(0.5, steps=10)  # 50 ms of selection per step (no interval yet: counted as priority)
     switch.note_step_seconds(0.1)           # against a 100 ms step: cost factor 1.5
     assert switch.cost_factor() == pytest.approx(1.5)
     s = np.ones(100)
-    s[:50] = 3.0  # gain (mean s^2) / (mean s)^2 = 5 / 4 = 1.25 < 1.5
-    assert switch.decide(s, s / s.mean()) is False and switch.switches_off == 1
-    assert switch.gain == pytest.approx(1.25) and switch.cost == pytest.approx(1.5)
-    assert PaySwitch(None).decide(s, s / s.mean()) is True  # no threshold: never switches
-    assert math.isnan(PaySwitch(None).gain)
+    s[:50] = 3.0  # gain (mean s^2) / (mean s)^2 = 5 / 4 = 1.25
+    assert switch.gate(predicted_gain(s, s / s.mean())) == pytest.approx(1.25 / 1.5)
+    assert switch.predicted == pytest.approx(1.25) and switch.cost == pytest.approx(1.5)
+    assert math.isnan(PaySwitch(None).gain) and PaySwitch(None).begin_interval(0, 5) is True
 
 
 def test_backprop_selector_takes_the_share_above_the_window_percentile():
@@ -124,9 +112,9 @@ def test_the_gain_estimate_finds_the_few_heavy_samples_a_uniform_subsample_would
     sp = _table(n, scores, pay_threshold=1.0)
     relative_p = n * sp.probabilities(np.arange(n), 1)
     exact = np.mean(scores**2) / np.mean(scores**2 / relative_p)
-    sp.plan(1, [128])
+    _to_the_probe_gate(sp)
     assert exact > 5 and sp.stats().predicted_gain == pytest.approx(exact, rel=0.05)
-    assert sp.stats().priority_on
+    assert sp.stats().probes == 1  # the gate let the probe of priority draws run
 
 
 def test_the_deriver_feeds_the_reported_step_time_and_the_switch_shows_in_stats_and_gauges():
@@ -155,8 +143,9 @@ def test_the_logit_gradient_proxy_sees_no_gain_where_losses_differ_but_gradients
     losses = np.where(np.arange(n) % 2 == 0, 5.0, 10.0)  # both misclassified: |sigmoid(z) - y| ~ 1 for each
     by_loss = _table(n, losses, pay_threshold=1.0, uniform_mix=0.0)
     by_grad = _table(n, losses, pay_threshold=1.0, uniform_mix=0.0, gain_proxy="logit-gradient")
-    by_loss.plan(1, [64]), by_grad.plan(1, [64])
+    _to_the_probe_gate(by_loss), _to_the_probe_gate(by_grad)
     assert by_loss.stats().predicted_gain == pytest.approx(62.5 / 56.25, rel=0.02)  # E[s^2] / E[s^2 / (N p)], N p = s / 7.5
-    assert by_grad.stats().predicted_gain < 0.95 and not by_grad.stats().priority_on  # p ~ loss, gradients equal
+    assert by_grad.stats().predicted_gain < 0.95 and by_grad.stats().probes == 0  # p ~ loss, gradients equal
+    assert by_grad.switch.skipped_probes == 1
     with pytest.raises(ConfigError, match="gain_proxy"):
         SamplePriorityConfig(gain_proxy="norm")
