@@ -57,7 +57,6 @@ are forgotten (about ``2 / ema_alpha`` reports), and decisions in that window ca
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +68,7 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, NodeDecision, WorkerReport
 from pdml_ray.errors import ReportError, StateError, shown
 from pdml_ray.priority.base import Deriver, GaugeValue
-from pdml_ray.priority.step_fit import LineFit, StepTimeFit, student_quantile
+from pdml_ray.priority.step_fit import FittedLines, StepTimeFit, student_quantile
 
 PROBE_AFTER = 10
 """With ``min_batch = 0``, a worker rounded to 0 samples measures nothing; after this many boundaries
@@ -131,7 +130,7 @@ class StepModel:
     fixed_s: np.ndarray
     rates: np.ndarray
     source: str
-    lines: tuple[LineFit, ...] = ()
+    lines: FittedLines | None = None
     """The fits, when measured (their uncertainty drives the noise gate)."""
 
 
@@ -180,27 +179,26 @@ class NodePriorityDeriver(Deriver):
 
     def ingest(self, reports: Sequence[WorkerReport]) -> None:
         """Fold accepted reports into the step-time fits (warm-up steps are not representative)."""
-        lines: dict[int, LineFit] = {}  # each worker's fit at the start of this batch: the clip reference
+        warmup = self.node_config.warmup_steps
+        rows: list[tuple[int, float, float]] = []  # (worker, samples, compute seconds)
         for r in reports:
             if r.accelerator_type != self.accelerator_types[r.worker_id]:  # e.g. after a restart
                 self.on_register(r.worker_id, r.accelerator_type)
-            if r.step >= self.node_config.warmup_steps:
+            if r.step >= warmup:
                 w = r.worker_id
                 if self.refit[w] and r.samples > 0:  # the first measurement of a probe: a fresh line
                     self.fit.reset(w)
                     self.refit[w] = False
-                    lines.pop(w, None)
-                if w not in lines and self.fit.stats["w"][w] > 0:
-                    lines[w] = self.fit.fit(w)
-                self.fit.update(w, float(r.samples), float(r.compute_s), lines.get(w))
+                    rows = [row for row in rows if row[0] != w]  # what it reported before went with the old line
+                rows.append((w, float(r.samples), float(r.compute_s)))
+        self.fit.ingest(rows)
 
     # -- derive ----------------------------------------------------------------------------------
     def step_model(self) -> StepModel:
         """The per-worker lines: fitted once every worker has been measured, else the prior's speeds."""
         if self.fit.all_measured:
-            lines = tuple(self.fit.fit(i) for i in range(self.num_workers))
-            return StepModel(fixed_s=np.array([f.fixed_s for f in lines]), rates=np.array([f.rate for f in lines]),
-                             source="measured", lines=lines)
+            lines = self.fit.lines()
+            return StepModel(fixed_s=lines.fixed_s, rates=lines.rates, source="measured", lines=lines)
         return StepModel(fixed_s=np.zeros(self.num_workers), rates=self.prior_rates(), source="prior")
 
     def rates(self) -> tuple[np.ndarray, str]:
@@ -257,32 +255,35 @@ class NodePriorityDeriver(Deriver):
 
     def worth_switching(self, model: StepModel, current: Sequence[int], candidate: Sequence[int]) -> bool:
         """The noise gate (module docstring): is ``candidate`` predicted faster beyond the fits'
-        uncertainty and by more than the hysteresis floor?"""
+        uncertainty and by more than the hysteresis floor? (Over the changed workers at once.)"""
         cfg = self.node_config
-        changed = [i for i in range(self.num_workers) if candidate[i] != current[i]]
-        if not changed:
-            return False
         lines = model.lines
-        now = {i: lines[i].predict(current[i]) for i in changed}
-        j = max(changed, key=lambda i: (now[i], -i))  # the slowest changed worker, as things stand
+        assert lines is not None, "the gate needs measured lines"
+        b_now, b_new = np.asarray(current, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
+        changed = np.flatnonzero(b_new != b_now)
+        if changed.size == 0:
+            return False
+        b_now, b_new = b_now[changed], b_new[changed]
+        now = lines.predict(changed, b_now)  # (changed,) predicted step times as things stand (s)
+        k = int(np.argmax(now))  # the slowest changed worker, as things stand (the lowest index among equals)
+        j = int(changed[k])
+        gains = now[k] - lines.predict(changed, b_new)
+        var = lines.predict_var(changed, b_now)  # (changed,) s^2
+        total = var + var[k]
+        # j's own time can only fall: the others decide whether the gain is noise
+        gated = (changed != j) & (total > 0.0)
+        if gated.any():
+            # Welch-Satterthwaite degrees of freedom of the difference, from the variances' fractions of
+            # their sum (in [0, 1], one of them >= 1/2): squaring the variances themselves underflowed to
+            # 0 / 0 once noise-free fits had forgotten their noise prior (~1e-165 s^2; 64 workers, step ~3,400)
+            total = total[gated]
+            fj, fi = var[k] / total, var[gated] / total
+            dof = 1.0 / (fj * fj / max(float(lines.noise_dof[j]), 1e-12)
+                         + fi * fi / np.maximum(lines.noise_dof[changed[gated]], 1e-12))
+            if np.any(gains[gated] <= student_quantile(cfg.decision_confidence, dof) * np.sqrt(total)):
+                return False
         step_now = predicted_step_s(current, model.rates, model.fixed_s)
-        gains = []
-        for i in changed:
-            gain = now[j] - lines[i].predict(candidate[i])
-            if i != j:  # j's own time can only fall: the others decide whether the gain is noise
-                var_j, var_i = lines[j].predict_var(current[j]), lines[i].predict_var(current[i])
-                total = var_i + var_j
-                if total > 0.0:
-                    # Welch-Satterthwaite degrees of freedom of the difference, from the variances'
-                    # fractions of their sum (in [0, 1], one of them >= 1/2): squaring the variances
-                    # themselves underflowed to 0 / 0 once noise-free fits had forgotten their noise prior
-                    # (~1e-165 s^2; 64 workers, step ~3,400)
-                    fj, fi = var_j / total, var_i / total
-                    dof = 1.0 / (fj * fj / max(lines[j].noise_dof, 1e-12) + fi * fi / max(lines[i].noise_dof, 1e-12))
-                    if gain <= student_quantile(cfg.decision_confidence, dof) * math.sqrt(var_i + var_j):
-                        return False
-            gains.append(gain)
-        return min(gains) > cfg.hysteresis * step_now
+        return float(gains.min()) > cfg.hysteresis * step_now
 
     def _decide_from(self, model: StepModel) -> NodeDecision:
         """An unstamped decision (version and effective step 0: the scheduler stamps them)."""
