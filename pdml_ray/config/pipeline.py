@@ -47,14 +47,15 @@ class OspreyConfig:
     """Which plans osprey may choose: 'full-backward' (F and B, one chunk per stage: what the Ray-actor
     runtime runs) or 'any' (also split backward and two chunks per rank: torch's zero-bubble, interleaved
     and V orders, on osprey's lanes too; for the simulator)."""
-    jump_threshold: float = 0.0
-    """A step's mean latency this far from the estimate (relative, e.g. 0.25) replaces it outright
-    instead of entering the EMA: a level shift (a replica throttled, or recovered), which the EMA would
-    follow only over several steps. The shift must also exceed three standard errors of the step's
-    mean, so per-action noise does not trigger it. 0 (the default) disables the jump: at 0.25 osprey
-    reacted to drift within a step (``bench pipeline --scenarios``, drift 4x4x16: 0.897 of the best
-    static order) but lost on the noisy profile (8x4x16: 0.985 of 1F1B against 0.941 without it), and
-    the drift target is not met either way, so the default stays as it was."""
+    jump_threshold: float = 0.45
+    """A step's mean latency this far from the estimate (relative) replaces it outright instead of
+    entering the EMA: a level shift (a replica throttled, or recovered), which the EMA would follow only
+    over several steps. Every kind the replica ran must have shifted that far the same way, each by
+    more than three standard errors of its step mean, so per-action noise does not trigger it. 0.45
+    catches a replica at half speed and its recovery (a 50% drop) and left every seed of the noisy
+    profile as it was (8x4x16 osprey/1F1B median 0.941 over 5 seeds; 0.25 or a rule per kind took it to
+    0.98); drift 4x4x16 (quick, planning a step ahead) went from 0.961 and
+    0.975 of the best static order to 0.890 and 0.913 (seeds 0, 1). 0 disables the jump."""
 
     def __post_init__(self) -> None:
         check_range(self.ema_alpha, "osprey.ema_alpha", 0.0, 1.0, open_low=True, hint="e.g. 0.5")

@@ -253,7 +253,13 @@ class OspreySchedule:
         before = self.latency.values[slots, kinds].copy()
         self.latency.update((slots, kinds), means)
         if self.config.jump_threshold:  # a level shift replaces the estimate (OspreyConfig.jump_threshold)
-            jump = np.abs(means - before) > np.maximum(self.config.jump_threshold * before, 3.0 * stderr)
+            shift = means - before
+            jump = np.abs(shift) > np.maximum(self.config.jump_threshold * before, 3.0 * stderr)
+            # A replica's level shift moves every kind it ran, the same way; per-action noise seldom does.
+            for slot in np.unique(slots):
+                mine = slots == slot
+                if not (jump[mine].all() and (np.sign(shift[mine]) == np.sign(shift[mine][0])).all()):
+                    jump[mine] = False
             self.latency.values[slots[jump], kinds[jump]] = means[jump]
         seen = {(k, r) for k, r, _ in sums}
         # Stale relax, on python floats (values[slot][kind index]), written back into the EMA's values.

@@ -59,13 +59,15 @@ def test_slow_replica_gets_fewer_microbatches_and_weights_follow_speed() -> None
     assert o.last_decision.chosen in dict(o.last_decision.predicted_makespan_s)
 
 
-def test_a_level_shift_replaces_the_estimate_and_split_measurements_keep_b_as_i_plus_w() -> None:
+def test_a_level_shift_of_every_kind_replaces_the_estimate_and_split_measurements_keep_b_as_i_plus_w() -> None:
     o = OspreySchedule(stages=1, replicas=(1,), microbatches=2, config=OspreyConfig(ema_alpha=0.25, jump_threshold=0.25))
     o.observe([Measurement(0, 0, F, 0, 1.0), Measurement(0, 0, B, 0, 2.0)])
-    o.observe([Measurement(0, 0, F, 0, 1.1), Measurement(0, 0, B, 0, 4.0)])  # F within 25%: blended; B doubled: jumps
-    assert o.est[0][0][0] == pytest.approx(0.75 * 1.0 + 0.25 * 1.1) and o.est[0][0][1] == 4.0
-    o.observe([Measurement(0, 0, Kind.INPUT, 0, 1.0), Measurement(0, 0, Kind.WEIGHT, 0, 3.0)])
-    assert o.est[0][0][1:] == (4.0, 1.0, 3.0)  # B = I + W
+    o.observe([Measurement(0, 0, F, 0, 2.0), Measurement(0, 0, B, 0, 4.0)])  # every kind doubled: the replica slowed
+    assert o.est[0][0] == (2.0, 4.0, 2.0, 2.0)
+    o.observe([Measurement(0, 0, F, 0, 2.2), Measurement(0, 0, B, 0, 6.0)])  # B alone 50% up, F within 25%: blended
+    assert o.est[0][0] == pytest.approx((0.75 * 2.0 + 0.25 * 2.2, 0.75 * 4.0 + 0.25 * 6.0, 2.25, 2.25))
+    o.observe([Measurement(0, 0, Kind.INPUT, 0, 1.0), Measurement(0, 0, Kind.WEIGHT, 0, 3.0)])  # opposite ways
+    assert o.est[0][0][1:] == pytest.approx((4.375, 0.75 * 2.25 + 0.25 * 1.0, 0.75 * 2.25 + 0.25 * 3.0))  # B = I + W
 
 
 def test_momentum_and_rebalance_threshold() -> None:
