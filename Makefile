@@ -26,7 +26,7 @@ demo: venv
 test: venv
 	$(PY) -m mypy
 	-sh scripts/install_test_tools.sh
-	$(PY) -m pytest -q -rs -p no:cacheprovider tests
+	$(PY) -m pytest -q -rs --durations=25 -p no:cacheprovider tests
 
 unit: venv
 	$(PY) -m pytest -q -rs -p no:cacheprovider tests/unit

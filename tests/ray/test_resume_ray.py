@@ -1,6 +1,7 @@
 """Resume as Ray Train users run it, through ctx.epoch and ctx.batch_sampler: a worker dies mid-epoch and
 FailureConfig restarts the group from the last checkpoint ctx.report wrote; a finished run is rerun under
-the same RunConfig(name, storage_path) with more epochs and continues from its run storage. Either way
+the same RunConfig(name, storage_path) with more epochs and continues from its run storage (the crash
+reads its data through ctx.epoch, the rerun through ctx.batch_sampler). Either way
 every sample of each epoch is used exactly once in the final model's history, and the final parameters
 match an uninterrupted run's: shares are uniform (NodePriorityConfig(enabled=False)), so every run trains
 the same batches, and the model has no dropout. Also: a rerun with no epoch left is refused, a worker's
@@ -47,13 +48,11 @@ def _params(tmp: Path, name: str) -> np.ndarray:
 def runs(ray_local, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     out = {"tmp": tmp, "undisturbed": _fit(tmp, "undisturbed", sampler=False)}
-    for mode in ("epoch", "sampler"):
-        sampler = mode == "sampler"
-        out[f"crashed-{mode}"] = _fit(tmp, f"crashed-{mode}", sampler, crash_at=CRASH_AT)
-        out[f"first-{mode}"] = _fit(tmp, f"rerun-{mode}", sampler, epochs=1)
-        out[f"rerun-{mode}"] = _fit(tmp, f"rerun-{mode}", sampler, epochs=2, run=1)
+    out["crashed-epoch"] = _fit(tmp, "crashed-epoch", False, crash_at=CRASH_AT)
+    out["first-sampler"] = _fit(tmp, "rerun-sampler", True, epochs=1)
+    out["rerun-sampler"] = _fit(tmp, "rerun-sampler", True, epochs=2, run=1)
     try:
-        _fit(tmp, "rerun-epoch", False, epochs=2, run=2)
+        _fit(tmp, "rerun-sampler", True, epochs=2, run=2)
     except Exception as e:  # noqa: BLE001 - what the test inspects
         out["again"] = e
     return out
@@ -70,8 +69,9 @@ def _history(logs, resumed_attempt: int) -> list[list[dict]]:
     return history
 
 
-@pytest.mark.parametrize("mode", ["epoch", "sampler"])
-@pytest.mark.parametrize("path", ["crashed", "rerun"])
+# Each way of resuming with one way of reading the data (each fit is a Ray Train run of ~25 s on 2 cores):
+# both hand the loop the same checkpoint, and how the loop continues from it is what the mode decides.
+@pytest.mark.parametrize(("path", "mode"), [("crashed", "epoch"), ("rerun", "sampler")])
 def test_a_resumed_run_continues_exactly_where_it_stopped(runs, path, mode):
     tmp, name = runs["tmp"], f"{path}-{mode}"
     assert runs[name].error is None
