@@ -19,8 +19,11 @@ The headline is the priority arms (top-K by priority, every weight setting) agai
 and against random top-K: what the priority adds to dropping the stragglers, and whether it beats
 choosing the same K by chance. ``async`` uses no priority and is reported apart.
 
-The priority arms feed the step's reports to an in-process scheduler (node + gradient derivers)
-inside the timed step; its time over the summed step times is ``deriver_overhead_fraction``.
+The priority arms (and ``async``, whose staleness bound is the deriver's) feed the step's reports to
+the run's scheduler actor, as the straggler runtime does by default; the aggregator's time on the feed
+over the summed step times is ``deriver_overhead_fraction``, and the actor's own CPU per step is
+``scheduler_cpu_ms_per_step`` (on a small machine that actor shares the workers' cores; on a cluster it
+runs on the head node).
 
 Figures per arm (medians over --repeats): time to the target loss (summed step times; target
 ``L* + 5% of (L0 - L*)`` with L* from L-BFGS), final loss, final held-out accuracy (percent, on
@@ -170,6 +173,8 @@ def _figures(runs: list, target_loss: float, problem: dict[str, Any]) -> dict[st
         "deriver_overhead_fraction": (_median([f.cost_s / t for f, t in zip(feeds, total_s) if t > 0]) if feeds
                                       else 0.0),
         "deriver_ms_per_step": _median([1e3 * f.cost_s / max(1, len(r.records)) for r, f in runs if f is not None]),
+        "scheduler_cpu_ms_per_step": _median([1e3 * f.stats()["scheduler_cpu_s"] / max(1, len(r.records))
+                                              for r, f in runs if f is not None and f.stats()["scheduler_cpu_s"]]),
         "step_time_p50_s": _median([r.step_time_quantile(0.5) for r in results]),
         "k_over_time": [[s, round(k, 4)] for s, k in first.k_history] if first else None,
         "weights_over_time": [[s, list(w)] for s, w in first.weight_history] if first else None,
@@ -315,7 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     emulated = {"compute": f"EMULATED: real gradients, then a sleep of {per_partition_ms:g} ms per partition "
                            "x the straggler model's factor (cut short when the step is over; async: only once more than S steps stale)",
                 "stragglers": label,
-                "deriver": "real: an in-process scheduler (node + gradient derivers) inside the timed step",
+                "deriver": "real: the run's scheduler actor (its gradient deriver), fed and polled inside the timed step",
                 "accuracy": f"held-out: {HELD_OUT} samples from the same generator, never trained on"}
     # the workload ran on the CPU whatever --device asked for: the machine record names what really ran it
     return finish(argparse.Namespace(**{**vars(args), "device": "cpu"}), result, emulated)

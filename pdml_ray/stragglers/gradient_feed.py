@@ -100,10 +100,12 @@ class GradientFeed:
         (after ``close``: as they were then)."""
         if self._closed_stats is not None:
             return self._closed_stats
-        s = self.client.call("stats").derivers["gradient"]
+        stats = self.client.call("stats")
+        s = stats.derivers["gradient"]
         return {"high_low_grad_norm_ratio": s.high_low_grad_norm_ratio, "weights": s.weights,
                 "k_fraction": s.k_fraction, "arm_pulls": s.arm_pulls, "collapse_resets": s.collapse_resets,
-                "progress_rate": s.progress_rate, "cost_s": self.cost_s}
+                "progress_rate": s.progress_rate, "cost_s": self.cost_s,
+                "scheduler_cpu_s": stats.process_cpu_s}  # the actor's process (None in this process)
 
     def close(self) -> None:
         """The run is over (its scheduler is about to end): keep the figures ``stats`` reads from it."""
