@@ -31,6 +31,7 @@ millisecond), encoded and written outside it, and the interval stretches so that
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -82,6 +83,15 @@ SNAPSHOT_INTERVAL_S = 5.0
 """The scheduler's state is saved at most this often (and only when something changed)."""
 SNAPSHOT_MAX_FRACTION = 0.05
 """Snapshots take at most this share of the actor's time (the interval stretches for a large state)."""
+PROFILED_DECISIONS = 10_000
+"""Decisions (and garbage collections) whose timings ``decision_profile`` keeps, the newest."""
+
+
+def _in_actor() -> bool:
+    """Whether this code runs inside a Ray actor (not a driver, a task or a test using the class directly)."""
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 def _reconstructed() -> bool:
     """Whether this actor process is a restart (Ray re-ran the constructor after the actor died).
 
@@ -90,11 +100,10 @@ def _reconstructed() -> bool:
     (``RayDeprecationWarning: Use get_actor_id() instead``), so the lookup goes by ``get_actor_id()``."""
     from ray._private.state import actors
 
-    actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
-    if actor_id is None:  # not inside an actor (the class used directly)
+    if not _in_actor():  # the class used directly
         return False
     try:
-        info = actors(actor_id=actor_id)
+        info = actors(actor_id=ray.get_runtime_context().get_actor_id())
     except Exception:  # noqa: BLE001 - the GCS did not answer: a fresh start is the safe reading
         return False
     return bool(info) and info.get("NumRestarts", 0) != 0
@@ -117,6 +126,9 @@ class MeteredScheduler(Scheduler):
         self._cpu_marks: deque[tuple[int, float]] = deque(maxlen=2000)  # (last step, process CPU s) per report
         self._exported_at = -float("inf")
         self._decision_waiting = False
+        self._decision_parts: deque[tuple[float, float, float]] = deque(maxlen=PROFILED_DECISIONS)
+        self._gc_pauses: deque[tuple[int, float]] = deque(maxlen=PROFILED_DECISIONS)
+        self._gc_started = 0.0
         self.restarts = 0
         self.snapshots_saved = 0
         self.snapshot_s = 0.0  # seconds spent taking and writing snapshots
@@ -133,6 +145,12 @@ class MeteredScheduler(Scheduler):
             else:  # a fresh run under this name: an earlier run's snapshot must not leak into it
                 self._store.clear()
             threading.Thread(target=self._snapshot_loop, name="pdml-scheduler-snapshot", daemon=True).start()
+        if _in_actor():  # the actor's own process (tests build the class in theirs)
+            gc.callbacks.append(self._gc_timed)
+            if os.environ.get("PDML_SCHEDULER_GC_FREEZE", "1") != "0":
+                # what the process holds by now (Ray's, numpy's and pdml-ray's modules, the state) lives
+                # as long as the actor: frozen, the garbage collector's full collections no longer scan it
+                gc.freeze()
 
     # -- snapshots ---------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -261,10 +279,13 @@ class MeteredScheduler(Scheduler):
 
     @ray.method(concurrency_group="decisions")
     def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:  # type: ignore[override]
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         self._decision_waiting = True  # the report thread yields the lock between chunks (Python's lock is not fair)
         with self._lock:
             self._decision_waiting = False
+            t1 = time.perf_counter()
             bundle = super().bundle(boundary, since)
+        self._decision_parts.append((t1 - t0, time.perf_counter() - t1, time.thread_time() - cpu0))
         # a new decision is exported by the report thread's next export (or the gauges' refresh thread)
         return bundle
 
@@ -333,6 +354,26 @@ class MeteredScheduler(Scheduler):
     @ray.method(concurrency_group="decisions")
     def ping(self) -> bool:
         return True
+
+    def _gc_timed(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks``: the length of each collection (every thread waits for it, a decision too)."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_pauses.append((info["generation"], time.perf_counter() - self._gc_started))
+
+    def decision_profile(self) -> dict[str, Any]:
+        """Where decisions' time went since the last call (``bench scheduler`` reads it): per ``bundle``
+        call, the wait for the state lock, the time inside ``Scheduler.bundle`` and the decision thread's
+        CPU time over both (seconds; their difference from a client's round trip is Ray's and the
+        machine's); each garbage collection in the process as (generation, seconds); and the objects the
+        collector leaves out (``gc.freeze``)."""
+        parts, pauses = list(self._decision_parts), list(self._gc_pauses)
+        self._decision_parts.clear()
+        self._gc_pauses.clear()
+        return {"lock_wait_s": [p[0] for p in parts], "bundle_s": [p[1] for p in parts],
+                "thread_cpu_s": [p[2] for p in parts], "gc_pauses": pauses,
+                "gc_frozen_objects": gc.get_freeze_count()}
 
     def memory_rss_mb(self) -> float:
         """Resident memory of the actor's process (MB; Linux /proc, else the peak from getrusage)."""

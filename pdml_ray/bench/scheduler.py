@@ -10,7 +10,9 @@ working size; its memory before it is reported as ``rss_mb_cold``), then three p
    steps as the training client flushes them): a prober plays rank 0 and asks for a decision bundle
    every 100 ms, timing each round trip while reports flow; the actor's resident memory is read at
    the start, every ~10 s and at the end of the phase (``--duration`` seconds, default 60, quick 15):
-   the series shows whether memory grows or levels off.
+   the series shows whether memory grows or levels off. The actor times its side of each decision
+   (``decision_profile_paced``: the wait for its state lock, ``Scheduler.bundle``, the decision
+   thread's CPU, and the garbage collector's pauses), to tell its own time from Ray's and the machine's.
 2. **saturated**: every simulated worker reports as fast as its client lets it; the sustained rate is
    the scheduler's own count of accepted reports over the phase.
 3. **plain class**: the same reports straight into an in-process ``Scheduler`` (no Ray), for reference.
@@ -215,6 +217,30 @@ def _ray_costs(workers: int, idle_s: float, calls: int) -> dict[str, float]:
             "cpu_per_empty_report_call_us": report * 1e6}
 
 
+def _decision_profile(raw: dict[str, Any], seconds: float, latencies: list[float]) -> dict[str, float | None]:
+    """The actor's side of a phase's decisions (``MeteredScheduler.decision_profile``): p50 / p99 of the
+    wait for its state lock, of the time inside ``Scheduler.bundle``, of the decision thread's CPU and of
+    the rest of each round trip (``latencies``, the prober's, one per decision in the same order: Ray's
+    calls and the wait for a CPU), in seconds (None without a decision); and the garbage collector's
+    pauses over the phase (``seconds`` long): by generation, collections per second and the longest (s);
+    in all, seconds of pause per second and the longest."""
+    out: dict[str, float | None] = {"decisions": len(raw["bundle_s"])}
+    outside = ([t - a - b for t, a, b in zip(latencies, raw["lock_wait_s"], raw["bundle_s"])]
+               if len(latencies) == len(raw["bundle_s"]) else [])
+    for key, values in (("lock_wait_s", raw["lock_wait_s"]), ("bundle_s", raw["bundle_s"]),
+                        ("thread_cpu_s", raw["thread_cpu_s"]), ("outside_actor_s", outside)):
+        for q in (50, 99):
+            out[f"{key[:-2]}_p{q}_s"] = float(np.percentile(values, q)) if values else None
+    for generation in (0, 1, 2):
+        pauses = [s for g, s in raw["gc_pauses"] if g == generation]
+        out[f"gc{generation}_per_s"] = len(pauses) / seconds
+        out[f"gc{generation}_max_s"] = max(pauses, default=0.0)
+    out["gc_s_per_s"] = sum(s for _, s in raw["gc_pauses"]) / seconds
+    out["gc_max_s"] = max((s for _, s in raw["gc_pauses"]), default=0.0)
+    out["gc_frozen_objects"] = raw["gc_frozen_objects"]
+    return out
+
+
 def _export_interval() -> float:
     from pdml_ray.actors.scheduler import EXPORT_INTERVAL_S
 
@@ -249,6 +275,7 @@ def _measure(args: argparse.Namespace, per_node: int, interval: int, duration: f
     ray.get([f.run.remote(warmup_s, args.hz) for f in fleets])
     print(f"phase 1/3: paced load for {duration:g} s, probing decision latency ...", flush=True)
     rss_series = [ray.get(handle.memory_rss_mb.remote())]
+    ray.get(handle.decision_profile.remote())  # from here on: the warm-up's decisions are not the paced ones
     t0, n0 = received()
     runs = [f.run.remote(duration, args.hz) for f in fleets]
     latencies: list[float] = []
@@ -257,6 +284,7 @@ def _measure(args: argparse.Namespace, per_node: int, interval: int, duration: f
         rss_series.append(ray.get(handle.memory_rss_mb.remote()))
     paced = ray.get(runs)
     t1, n1 = received()
+    profile = _decision_profile(ray.get(handle.decision_profile.remote()), t1 - t0, latencies)
     print(f"phase 2/3: saturated for {saturate_s:g} s ...", flush=True)
     runs = [f.run.remote(saturate_s, 0.0) for f in fleets]
     saturated_latencies = _probe(handle, saturate_s, args.workers, interval)
@@ -277,6 +305,7 @@ def _measure(args: argparse.Namespace, per_node: int, interval: int, duration: f
         "decision_latency_p50_s": float(np.percentile(latencies, 50)),
         "decision_latency_p99_s": float(np.percentile(latencies, 99)),
         "saturated_decision_latency_p99_s": float(np.percentile(saturated_latencies, 99)),
+        "decision_profile_paced": profile,
         "decision_probes": len(latencies),
         "actor_cpu_fraction_paced": (cpu[1] - cpu[0]) / (t1 - t0),
         "actor_cpu_fraction_saturated": (cpu[3] - cpu[1]) / (t4 - t1),
@@ -398,6 +427,19 @@ def _one_size(args: argparse.Namespace) -> dict[str, Any]:
                               ("actor memory start (MB)", "rss_mb_start", 1), ("actor memory end (MB)", "rss_mb_end", 1),
                               ("reports dropped by clients", "reports_dropped", 1)]:
         rows.append([label, *(by_mode[m][key] * scale for m in modes)])
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.2f}"
+
+    for label, key in [("in the actor: lock wait p50 / p99 (ms), paced", "lock_wait"),
+                       ("in the actor: Scheduler.bundle p50 / p99 (ms), paced", "bundle"),
+                       ("in the actor: decision thread CPU p50 / p99 (ms), paced", "thread_cpu"),
+                       ("outside the actor (Ray, waiting for a CPU) p50 / p99 (ms), paced", "outside_actor")]:
+        rows.append([label, *(f"{ms(p[f'{key}_p50_s'])} / {ms(p[f'{key}_p99_s'])}"
+                              for p in (by_mode[m]["decision_profile_paced"] for m in modes))])
+    rows.append(["in the actor: GC pauses (ms per s) / longest (ms), paced",
+                 *(f"{ms(p['gc_s_per_s'])} / {ms(p['gc_max_s'])}"
+                   for p in (by_mode[m]["decision_profile_paced"] for m in modes))])
     blank = [""] * (len(modes) - 1)
     rows += [["plain class: reports/s", plain["reports_per_s"], *blank],
              [f"plain class: CPU per report (us, {plain['reports_per_call']} a call)", plain["cpu_per_report_us"], *blank],

@@ -28,6 +28,13 @@ def test_a_decision_does_not_wait_behind_a_flood_of_reports(ray_local):
     stats = ray.get(handle.stats.remote())
     assert stats.reports_received == 20 * 2000 and stats.process_cpu_s > 0
     assert ray.get(handle.memory_rss_mb.remote()) > 10
+    # the actor's side of that decision: its wait for the lock and Scheduler.bundle, within the round trip
+    profile = ray.get(handle.decision_profile.remote())
+    assert len(profile["bundle_s"]) == len(profile["lock_wait_s"]) == len(profile["thread_cpu_s"]) == 1
+    assert profile["bundle_s"][0] > 0 and 0 <= profile["lock_wait_s"][0]
+    assert profile["lock_wait_s"][0] + profile["bundle_s"][0] < latency
+    assert all(g in (0, 1, 2) and s >= 0 for g, s in profile["gc_pauses"])
+    assert ray.get(handle.decision_profile.remote())["bundle_s"] == []  # read once: each call gives what is new
     ray.kill(handle)
 
 
