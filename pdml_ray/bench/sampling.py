@@ -46,8 +46,9 @@ treated alike: a seed where an arm misses the target counts as the whole budget 
 training time over the budget) in its medians and ratios, so those are bounds, and the JSON says how
 many seeds each arm reached the target in. A balanced control (imbalance 1, target F1
 ``--control-target-f1``, evaluated every step) checks what priority sampling costs when there is
-nothing to focus on. Before timing, a short discarded warm-up runs so that one-time first-call costs
-of torch and numpy land on no arm.
+nothing to focus on; its two arms run at their own best rates of the grid on the balanced task (a
+sweep of its own on the sweep seeds, the same rule). Before timing, a short discarded warm-up runs so
+that one-time first-call costs of torch and numpy land on no arm.
 
 Costs at scale: the sum-tree's draw + update and the continuity check are also timed on a table of
 N = 10^7 synthetic scores (no model is trained at that size), the check both as the library runs it
@@ -115,6 +116,8 @@ _HIGH_IMBALANCE, _HIGH_STEP_RATIO, _HIGH_TIME_RATIO = 1000, 10.0, 3.0
 _RHO_VS_LABELS = 1.2  # rho-loss steps at most this times label-aware oversampling's, on noisy labels
 _SUMTREE_MS_TARGET, _CONTINUITY_FRACTION_TARGET = 2.0, 1e-3
 _FOCAL_GAMMA = 2.0
+_CONTROL_ARMS = ("uniform", "priority")
+_CONTROL_STEPS = 300  # the balanced control's budget: it reaches its target in tens of steps
 _IL_HIDDEN, _IL_STEPS, _IL_LR = 64, 100, 1e-2  # the irreducible-loss model: width, Adam steps and rate
 
 
@@ -586,6 +589,16 @@ def _targets(args: argparse.Namespace, summary: dict[str, Any], control: dict[st
     return out
 
 
+def _control_rates(args: argparse.Namespace, grid: Sequence[float], seeds: Sequence[int],
+                   max_steps: int) -> dict[str, float]:
+    """The balanced control's arms at their own best rates of the grid on the balanced task itself (the
+    main sweep's rates are tuned to the imbalanced task: uniform's best there can be far off here)."""
+    sweep = {lr: [_trial(1, args, seed, min(max_steps, _CONTROL_STEPS), 1, args.control_target_f1,
+                         {n: lr for n in _CONTROL_ARMS}, stop_when_reached=True, label_noise=0.0) for seed in seeds]
+             for lr in grid}
+    return choose_rates(sweep, _CONTROL_ARMS)
+
+
 def _verdicts(result: dict[str, Any]) -> str:
     """A priority arm's pay-switch verdicts, 'step:gain:on|off' each (a table line)."""
     return " ".join(f"{step}:{gain:.2g}:{'on' if on else 'off'}" for step, gain, on in result["switch_verdicts"]) or "none"
@@ -649,13 +662,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         lrs = {n: grid[0] for n in arm_names}
     print("  learning rate per arm: " + ", ".join(f"{n} {lr:g}" for n, lr in lrs.items()), flush=True)
+    control_lrs = _control_rates(args, grid, sweep_seeds, max_steps) if len(grid) > 1 else \
+        {n: lrs[n] for n in _CONTROL_ARMS}
+    print("  balanced control, learning rate per arm (its own sweep): "
+          + ", ".join(f"{n} {lr:g}" for n, lr in control_lrs.items()), flush=True)
     runs, controls = [], []
     for r in range(reps):
         seed = args.seed + r
         runs.append(_trial(args.imbalance, args, seed, max_steps, args.eval_every, args.target_f1, lrs))
         # Balanced data reaches the target within tens of steps: evaluate every step to resolve it.
-        controls.append(_trial(1, args, seed, min(max_steps, 300), 1, args.control_target_f1,
-                               {n: lrs[n] for n in ("uniform", "priority")}, label_noise=0.0))
+        controls.append(_trial(1, args, seed, min(max_steps, _CONTROL_STEPS), 1, args.control_target_f1, control_lrs,
+                               label_noise=0.0))
         a, c = runs[-1]["arms"], controls[-1]["arms"]
         stats = a["priority"]["priority_stats"]
         print(f"  seed {seed}: steps to F1>={args.target_f1}: " + ", ".join(f"{n} {a[n]['steps_to_target']}" for n in arm_names)
@@ -702,7 +719,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "arm_descriptions": {n: ARMS[n] for n in arm_names},
         **summary,
         "ablations": ablations,
-        "control": {"target_value": args.control_target_f1, **control},
+        "control": {"target_value": args.control_target_f1, "lr_by_arm": control_lrs, **control},
         "sumtree": tree,
         "continuity_cost_at_1e7": at_scale,
         "runs": runs, "control_runs": controls,
