@@ -15,16 +15,17 @@ ROW = {"runtime", "settings", "compute_ms", "comm_over_compute", "iteration_s", 
 def test_bench_p3_quick_writes_rows_for_both_runtimes(tmp_path):
     out = tmp_path / "p3.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # every setting (bench and library slicing, 300 and 150 ms of emulated compute) at comm = compute only
-    run = subprocess.run([sys.executable, "-m", "pdml_ray.cli", "bench", "p3", "--quick", "--ratios", "1", "--json", str(out)],
+    # one row per runtime (the library's slicing, 150 ms of emulated compute, comm = compute): the smoke
+    # check of the product path; every setting of the grid is the benchmark's own business
+    run = subprocess.run([sys.executable, "-m", "pdml_ray.cli", "bench", "p3", "--quick", "--ratios", "1", "--settings",
+                          "library", "--compute-ms", "150", "--json", str(out)],
                          capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert STANDARD | {"runs", "targets", "simulation", "model"} <= set(result), sorted(result)
     assert result["machine"]["cores"] >= 1 and "EMULATED" in result["emulated"]["bandwidth"]
     rows = {(r["runtime"], r["settings"], r["compute_ms"], r["comm_over_compute"]): r for r in result["runs"]}
-    assert set(rows) == {(rt, st, ms, 1.0) for rt in ("parameter-server", "all-reduce") for st in ("bench", "library")
-                         for ms in (300.0, 150.0)}
+    assert set(rows) == {(rt, "library", 150.0, 1.0) for rt in ("parameter-server", "all-reduce")}
     for row in rows.values():
         assert ROW <= set(row) and set(row["iteration_s"]) == {"p3", "fifo", "layer-fifo", "bucketed"}
         assert "EMULATED" in row["emulated"]
