@@ -25,7 +25,7 @@ FIGURES = {
                   "best_priority_arm", "async_time_to_target_vs_sync"},
 }
 EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
-         "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "150"],
+         "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "150", "--lr", "0.003"],
          "pipeline": [],
          "scheduler": ["--workers", "16", "--duration", "3"],
          "stragglers": ["--workers", "4", "--steps", "8", "--policies", "sync,gc-fr,pgc-cr", "--per-partition-ms", "20",
