@@ -31,6 +31,7 @@ reported beside the actor's).
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from typing import Any
 
@@ -389,6 +390,9 @@ def _one_size(args: argparse.Namespace) -> dict[str, Any]:
     if started_here:
         # address="local": a cluster of its own, even where another is running on this machine
         ray.init(address="local", num_cpus=max(2, args.generators + 1), include_dashboard=False, log_to_driver=False)
+    # the prober's process (this one) holds Ray and the bench: a full collection of it paused a round trip
+    # by up to ~100 ms, which is this process's, not the scheduler's (the actor freezes its own likewise)
+    gc.freeze()
     try:
         print("Ray's own costs in an idle scheduler actor and per call ...", flush=True)
         ray_costs = _ray_costs(args.workers, 3.0 if args.quick else 10.0, 1000 if args.quick else 3000)
