@@ -24,8 +24,8 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
   wall time from step 0);
 - baselines besides uniform: ``focal`` (uniform draws, focal loss with gamma 2: no change to sampling)
   and ``label_balanced`` (below);
-- every priority arm runs with the pay switch (``--pay-threshold``, default 1.0, an override of the
-  library's None): uniform draws at first, priority draws while a measured A/B (intervals of the other
+- the priority arms run as the library's default does, without the pay switch; ``--pay-threshold 1``
+  runs every priority arm with it: uniform draws at first, priority draws while a measured A/B (intervals of the other
   kind of draw now and then, ``pdml_ray.priority.sample_switch``) finds their loss falling faster per
   second than uniform draws'. Common random numbers: each table is seeded like the uniform arm's
   sampler and draws an interval at once as it does, so a priority arm drawing uniformly (switched off,
@@ -155,8 +155,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated arms to run (uniform always runs; default all: {', '.join(ARMS)})")
     parser.add_argument("--label-noise", type=float, default=0.0,
                         help="fraction of training labels flipped at random (0-0.5; the test split stays clean)")
-    parser.add_argument("--pay-threshold", type=float, default=1.0,
-                        help="sample_priority.pay_threshold of every priority arm (default 1.0; 0 = no switch)")
+    parser.add_argument("--pay-threshold", type=float, default=0.0,
+                        help="sample_priority.pay_threshold of every priority arm (default 0: no switch, the "
+                             "library's default; 1 measures the switch)")
     parser.add_argument("--holdout-fraction", type=float, default=0.1,
                         help="share of the training set carved off to train rho_loss's irreducible-loss model")
 

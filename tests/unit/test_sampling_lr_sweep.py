@@ -48,6 +48,7 @@ def test_arms_train_at_the_rates_they_are_given():
 
 
 def test_the_priority_label_names_the_overridden_default():
-    assert sampling.library_overrides(_parse([])) == {"unseen_score": "mean", "pay_threshold": 1.0}
-    assert sampling.library_overrides(_parse(["--unseen-score", "max", "--pay-threshold", "0"])) == {}
+    assert sampling.library_overrides(_parse([])) == {"unseen_score": "mean"}  # the switch as the library: off
+    assert sampling.library_overrides(_parse(["--unseen-score", "max", "--pay-threshold", "1"])) == {"pay_threshold": 1.0}
+    assert sampling.library_overrides(_parse(["--unseen-score", "max"])) == {}
     assert "library defaults except" in sampling.ARMS["priority"]
