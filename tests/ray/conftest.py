@@ -1,4 +1,5 @@
-"""One local Ray cluster per test module (starting Ray costs seconds; tests share it)."""
+"""One local Ray cluster for the Ray tier, shared by its modules (starting and stopping Ray costs seconds
+per module, and a warm cluster keeps its idle worker processes, which have torch imported already)."""
 
 import os
 
@@ -6,16 +7,27 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _start() -> None:
+    # Ray workers import training loops from tests/ray/loops.py: put this folder on their path
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="pdml-test",
+             runtime_env={"env_vars": {"PYTHONPATH": HERE, "OMP_NUM_THREADS": "1"}})
+
+
+@pytest.hookimpl(trylast=True)  # after the runner's teardown, which ends the module's fixtures
+def pytest_runtest_teardown(item, nextitem):
+    """The shared cluster ends with the Ray tier's last test: the tiers after it expect no Ray running."""
+    if (nextitem is None or not str(nextitem.path).startswith(HERE + os.sep)) and ray.is_initialized():
+        ray.shutdown()
+
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray cluster with 4 logical CPUs, shut down after the module."""
+    """A local Ray cluster with 4 logical CPUs: the one the previous module left, or a fresh one where a
+    module ended it to run a cluster of its own (the elastic and accelerator-prior tests)."""
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-    if ray.is_initialized():
-        ray.shutdown()
-    # Ray workers import training loops from tests/ray/loops.py: put this folder on their path
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="pdml-test",
-             runtime_env={"env_vars": {"PYTHONPATH": here, "OMP_NUM_THREADS": "1"}})
+    if not ray.is_initialized():
+        _start()
     yield ray
-    ray.shutdown()

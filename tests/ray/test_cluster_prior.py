@@ -22,6 +22,8 @@ GLOBAL_BATCH = 132
 
 @pytest.fixture(scope="module")
 def cluster():
+    if ray.is_initialized():  # the session's shared local cluster (tests/ray/conftest.py): this module needs its own
+        ray.shutdown()
     here = os.path.dirname(os.path.abspath(__file__))
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "_system_config": {"metrics_report_interval_ms": 500}})  # workers never land here
