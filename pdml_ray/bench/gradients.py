@@ -173,8 +173,8 @@ def _figures(runs: list, target_loss: float, problem: dict[str, Any]) -> dict[st
         "deriver_overhead_fraction": (_median([f.cost_s / t for f, t in zip(feeds, total_s) if t > 0]) if feeds
                                       else 0.0),
         "deriver_ms_per_step": _median([1e3 * f.cost_s / max(1, len(r.records)) for r, f in runs if f is not None]),
-        "scheduler_cpu_ms_per_step": _median([1e3 * f.stats()["scheduler_cpu_s"] / max(1, len(r.records))
-                                              for r, f in runs if f is not None and f.stats()["scheduler_cpu_s"]]),
+        "scheduler_cpu_ms_per_step": _median([1e3 * cpu_s / max(1, len(r.records)) for r, f in runs
+                                              if f is not None and (cpu_s := f.stats()["scheduler_cpu_s"])]),
         "step_time_p50_s": _median([r.step_time_quantile(0.5) for r in results]),
         "k_over_time": [[s, round(k, 4)] for s, k in first.k_history] if first else None,
         "weights_over_time": [[s, list(w)] for s, w in first.weight_history] if first else None,
