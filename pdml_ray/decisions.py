@@ -22,6 +22,7 @@ import numpy as np
 from pdml_ray.batching import round_to_batch_sizes
 from pdml_ray.errors import PlanError
 from pdml_ray.pipeline.plan import Plan, validate as validate_plan
+from pdml_ray.pipeline.rebalance import LayerMove
 
 
 MIN_COMPUTE_S = 1e-6
@@ -462,12 +463,14 @@ class MicroBatchPlan:
     """The pipeline axis's decision: the micro-batch plan of the global step ``effective_step``.
 
     ``record`` is the adaptive schedule's reason for it (osprey's lane weights and bottlenecks, auto's
-    choice), a JSON-able dict; None for a static schedule."""
+    choice), a JSON-able dict; None for a static schedule. ``layer_move``: layers that move between
+    stages before this step runs (``pdml_ray.pipeline.rebalance``), or None."""
 
     version: int
     effective_step: int
     plan: Plan
     record: Mapping | None = None
+    layer_move: LayerMove | None = None
 
     def validate(self) -> None:
         """Raise PlanError unless the plan is well formed (``pdml_ray.pipeline.plan.validate``)."""
@@ -477,15 +480,17 @@ class MicroBatchPlan:
 
     def to_dict(self) -> dict:
         return {"version": self.version, "effective_step": self.effective_step, "plan": self.plan.to_dict(),
-                "record": dict(self.record) if self.record is not None else None}
+                "record": dict(self.record) if self.record is not None else None,
+                "layer_move": self.layer_move.to_dict() if self.layer_move is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MicroBatchPlan":
         """The decision ``to_dict`` wrote; the plan is validated (PlanError otherwise)."""
         if not isinstance(d, dict) or not {"version", "effective_step", "plan"} <= set(d):
             raise PlanError("a micro-batch plan must be a mapping with version, effective_step and plan")
+        move = d.get("layer_move")
         return cls(version=d["version"], effective_step=d["effective_step"], plan=Plan.from_dict(d["plan"]),
-                   record=d.get("record"))
+                   record=d.get("record"), layer_move=LayerMove.from_dict(move) if move is not None else None)
 
     def __str__(self) -> str:
         p = self.plan

@@ -8,7 +8,7 @@ dataclasses from plain data (``loading.load_dataclass``); unknown keys are error
     node.py        NodePriorityConfig, DEFAULT_ACCELERATOR_PRIOR
     sample.py      SamplePriorityConfig
     continuity.py  ContinuityConfig
-    pipeline.py    PipelineConfig, OspreyConfig
+    pipeline.py    PipelineConfig, OspreyConfig, RebalanceConfig
     gradient.py    GradientPriorityConfig
     stragglers.py  StragglerConfig
     p3.py          P3Config
@@ -23,9 +23,10 @@ from pdml_ray.config.loading import load_dataclass
 from pdml_ray.config.node import DEFAULT_ACCELERATOR_PRIOR, NodePriorityConfig
 from pdml_ray.config.p3 import P3Config
 from pdml_ray.config.pdml import PDMLConfig
-from pdml_ray.config.pipeline import OspreyConfig, PipelineConfig
+from pdml_ray.config.pipeline import OspreyConfig, PipelineConfig, RebalanceConfig
 from pdml_ray.config.sample import SamplePriorityConfig
 from pdml_ray.config.stragglers import StragglerConfig
 
 __all__ = ["DEFAULT_ACCELERATOR_PRIOR", "ContinuityConfig", "GradientPriorityConfig", "NodePriorityConfig", "OspreyConfig",
-           "P3Config", "PDMLConfig", "PipelineConfig", "SamplePriorityConfig", "StragglerConfig", "load_dataclass"]
+           "P3Config", "PDMLConfig", "PipelineConfig", "RebalanceConfig", "SamplePriorityConfig", "StragglerConfig",
+           "load_dataclass"]

@@ -1,4 +1,4 @@
-"""Pipeline scheduling's config: which schedule orders the micro-batches, osprey's knobs.
+"""Pipeline scheduling's config: which schedule orders the micro-batches, osprey's knobs, layer re-balancing.
 
 Schedule names are validated against the one registry (``pdml_ray.pipeline.registry``), imported
 when a config is checked: the registry imports nothing from here, so there is no cycle.
@@ -70,6 +70,32 @@ class OspreyConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class RebalanceConfig:
+    """Layer re-balancing (``pdml_ray.pipeline.rebalance``): moving layers off a stage that stays slower
+    than the others onto its neighbours, at a step boundary. Off by default: no benchmark has yet shown
+    that it pays on the default runs (``pdml-ray bench pipeline`` reports the slow-stage scenario)."""
+
+    enabled: bool = False
+    """Let the pipeline axis decide layer moves (the runtime must announce its layers and cuts)."""
+    window: int = 3
+    """Consecutive measured steps the same stage must be the slowest (by ``threshold``) before layers
+    move: one slow step is noise, not a slow stage."""
+    threshold: float = 1.2
+    """A step counts as imbalanced when its slowest stage takes more than this times the mean of the
+    other stages (seconds per micro-batch)."""
+    min_gain: float = 0.1
+    """Move only if the predicted slowest stage gets at least this much faster (a fraction: 0.1 = 10%);
+    with ``window`` and ``threshold`` this is the hysteresis that keeps layers from moving back and forth."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.enabled, bool), f"pipeline.rebalance.enabled must be true or false, got {shown(self.enabled)}")
+        check_range(self.window, "pipeline.rebalance.window", 1, 1000, whole=True, hint="steps, e.g. 3")
+        check_range(self.threshold, "pipeline.rebalance.threshold", 1.0, MAX_REAL, open_low=True,
+                    hint="a ratio of stage times above 1, e.g. 1.2")
+        check_range(self.min_gain, "pipeline.rebalance.min_gain", 0.0, 1.0, open_high=True, hint="a fraction, e.g. 0.1")
+
+
+@dataclass(kw_only=True, slots=True)
 class PipelineConfig:
     """Pipeline scheduling: which schedule orders the micro-batches, within what activation memory."""
 
@@ -90,6 +116,8 @@ class PipelineConfig:
     auto_bubble_threshold: float = 0.30
     """'auto' switches to osprey when the static plan's predicted bubble fraction exceeds this."""
     osprey: OspreyConfig = field(default_factory=OspreyConfig)
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    """Layer re-balancing between stages (off by default)."""
 
     def __post_init__(self) -> None:
         _check_schedule(self.schedule, "pipeline.schedule", static_only=False)
@@ -112,3 +140,5 @@ class PipelineConfig:
         check_range(self.auto_bubble_threshold, "pipeline.auto_bubble_threshold", 0.0, 1.0, hint="e.g. 0.3")
         require(isinstance(self.osprey, OspreyConfig),
                 f"pipeline.osprey must be an OspreyConfig (a mapping of its fields in YAML), got {shown(self.osprey)}")
+        require(isinstance(self.rebalance, RebalanceConfig),
+                f"pipeline.rebalance must be a RebalanceConfig (a mapping of its fields in YAML), got {shown(self.rebalance)}")

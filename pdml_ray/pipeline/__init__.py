@@ -17,7 +17,8 @@ The modules:
     sizes.py         micro-batch sizes told before a step: a per-stage cost model over them, micro-batch orders
     scenarios.py     non-stationary scenarios as profiles: drift, uneven micro-batches, late transfers, a memory cap
     faults.py        lost replicas as data: re-routing and plans on the survivors
-    partition.py     a sequential model cut into stages balanced by parameter count
+    partition.py     a sequential model cut into stages balanced by parameter count (or measured stage speeds)
+    rebalance.py     layer re-balancing: a ``LayerMove`` off a stage that stays slower than the others
     stage.py         one stage replica's worker: forward, backward, accumulation, step
     stats.py         the pipeline runtime's stats record (``pdml_pipeline_*``)
 """

@@ -7,15 +7,17 @@ stages 1..S-1, the same convention as ``torch.distributed.pipelining``'s split p
 Balancing minimises the largest stage's parameter count (the pipeline's bottleneck when compute
 follows parameters, as in an MLP), then the sum of squared stage sizes so that ties spread evenly.
 Parameter-free layers (ReLU, Dropout) weigh nothing; on ties they stay with the layer before them.
+Layer re-balancing (``pdml_ray.pipeline.rebalance``) moves these cuts while a run trains.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from torch import nn
+from typing import TYPE_CHECKING, Sequence
 
 from pdml_ray.errors import PlanError
+
+if TYPE_CHECKING:  # torch is imported where a model is split: the cut arithmetic serves the scheduler too
+    from torch import nn
 
 
 def layer_param_counts(layers: Sequence[nn.Module]) -> list[int]:
@@ -23,15 +25,23 @@ def layer_param_counts(layers: Sequence[nn.Module]) -> list[int]:
     return [sum(p.numel() for p in layer.parameters()) for layer in layers]
 
 
-def balanced_cuts(weights: Sequence[int | float], num_stages: int) -> tuple[int, ...]:
+def balanced_cuts(weights: Sequence[int | float], num_stages: int, *, rates: Sequence[float] | None = None,
+                  cut_ranges: Sequence[tuple[int, int]] | None = None) -> tuple[int, ...]:
     """First-layer indices of stages 1..S-1 for ``num_stages`` non-empty consecutive parts of ``weights``.
 
     Exact linear partition by dynamic programming, O(S * n^2) for n layers; models split for a
     pipeline have tens to hundreds of layers, so this is instantaneous. Minimises (max part, sum of
-    squared parts) lexicographically.
+    squared parts) lexicographically, a part's size being its weight times its stage's ``rates`` entry
+    (seconds per unit of weight on that stage's devices; None: 1 everywhere). ``cut_ranges`` bounds
+    each cut to [low, high] (layer re-balancing keeps each layer within one stage of where it was).
     """
     n = len(weights)
     _check_stage_count(n, num_stages)
+    rate = [1.0] * num_stages if rates is None else [float(r) for r in rates]
+    ranges = [(1, n - 1)] * (num_stages - 1) if cut_ranges is None else list(cut_ranges)
+    if len(rate) != num_stages or min(rate) <= 0 or len(ranges) != num_stages - 1:
+        raise PlanError(f"balanced_cuts needs {num_stages} rates > 0 and {num_stages - 1} cut ranges, got "
+                        f"{rates} and {cut_ranges}")
     prefix = [0.0]
     for w in weights:
         if w < 0:
@@ -47,14 +57,17 @@ def balanced_cuts(weights: Sequence[int | float], num_stages: int) -> tuple[int,
     prev = [[0] * (n + 1) for _ in range(num_stages + 1)]
     best[0][0] = (0.0, 0.0)
     for s in range(1, num_stages + 1):
-        for j in range(s, n - (num_stages - s) + 1):
+        low, high = ranges[s - 1] if s < num_stages else (n, n)
+        for j in range(max(s, low), min(n - (num_stages - s), high) + 1):
             for i in range(s - 1, j):
                 if best[s - 1][i] == inf:
                     continue
-                w = part(i, j)
+                w = rate[s - 1] * part(i, j)
                 cand = (max(best[s - 1][i][0], w), best[s - 1][i][1] + w * w)
                 if cand <= best[s][j]:  # on ties the later cut wins: a ReLU stays with its Linear
                     best[s][j], prev[s][j] = cand, i
+    if best[num_stages][n] == inf:
+        raise PlanError(f"no cuts of {n} layers into {num_stages} non-empty stages within the cut ranges {ranges}")
     cuts: list[int] = []
     j = n
     for s in range(num_stages, 1, -1):
@@ -83,6 +96,8 @@ def split_sequential(model: nn.Sequential | Sequence[nn.Module], num_stages: int
     model's own layer objects, not copies: running them in order is running the model. Copy them
     (``copy.deepcopy``) before giving one to each replica.
     """
+    from torch import nn
+
     layers = list(model)
     _check_stage_count(len(layers), num_stages)
     if cuts is None:

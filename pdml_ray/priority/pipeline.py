@@ -5,12 +5,16 @@ The schedule itself (static, osprey or auto, named by ``PipelineConfig.schedule`
 a pipeline run has the same version stamps, history, replay, ``pdml-ray status`` and metrics as every
 other axis:
 
-    on_shape({"stages", "replicas", "microbatches"})   the runtime announces the pipeline it runs
+    on_shape({"stages", "replicas", "microbatches"})   the runtime announces the pipeline it runs (with
+                                 "layers", a relative cost per layer, and "cuts", where layer
+                                 re-balancing is on: ``PipelineConfig.rebalance``)
     observe(step, rows)          one step's action latencies, rows of (stage, replica, kind, microbatch,
                                  seconds) as plain tuples (cheap to send, like ``PackedReports``);
                                  or, before step ``step`` is planned, its micro-batch sizes as rows
                                  ('size', microbatch, relative size) (the replay log keeps both)
-    decide(boundary, earlier)    the plan for ``boundary.first_step``: a ``MicroBatchPlan``
+    decide(boundary, earlier)    the plan for ``boundary.first_step``: a ``MicroBatchPlan``, with the
+                                 layers that move between stages before that step
+                                 (``pdml_ray.pipeline.rebalance``), if any
 
 The runtime asks for step t+1's plan while step t runs (``pdml_ray.runtime.pipeline``), so an adaptive
 schedule plans t+1 on measurements through step t-1: planning never sits on the step's critical path.
@@ -27,13 +31,16 @@ from typing import Any
 
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, MicroBatchPlan, Rejection, WorkerReport
-from pdml_ray.errors import ConfigError, ReportError, StateError
+from pdml_ray.errors import ConfigError, PlanError, ReportError, StateError
 from pdml_ray.pipeline.plan import Kind, Measurement, PipelineSchedule
+from pdml_ray.pipeline.rebalance import Rebalancer, stage_seconds
 from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.priority.base import Deriver, GaugeValue
 
 MAX_ROWS_PER_OBSERVATION = 1 << 21
 """Most action latencies one observation may carry (two per action of a step of ``MAX_ACTIONS``)."""
+MAX_LAYERS = 1 << 16
+"""Most layers a shape may announce for re-balancing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +60,10 @@ class PipelineAxisStats:
     last_decision: Mapping[str, Any] | None
     """The adaptive schedule's record behind its newest plan (osprey's lane weights, auto's choice);
     None for a static schedule."""
+    cuts: tuple[int, ...] | None = None
+    """Where layer re-balancing has the stages cut now (first layer of stages 1..S-1); None when it is off."""
+    layer_moves: int = 0
+    """Layer moves decided so far."""
 
     def summary_lines(self) -> list[str]:
         mean_ms = 1e3 * self.plan_s / self.plans if self.plans else math.nan
@@ -62,6 +73,8 @@ class PipelineAxisStats:
         if self.observations_rejected:
             line += f", {self.observations_rejected} observations rejected"
         lines = [line]
+        if self.cuts is not None:
+            lines.append(f"  layer re-balancing: cuts {list(self.cuts)}, {self.layer_moves} moves")
         if self.last_decision:
             lines.append("  last decision: " + ", ".join(f"{k}={v}" for k, v in sorted(self.last_decision.items())
                                                          if not isinstance(v, (list, tuple, dict))))
@@ -94,26 +107,54 @@ class PipelineDeriver(Deriver):
         self.plans = 0
         self.plan_s = 0.0
         self.observations_rejected = 0
+        self.rebalancer: Rebalancer | None = None
 
     # -- events -------------------------------------------------------------------------------------
     def on_shape(self, shape: Mapping[str, Any]) -> None:
-        """The runtime announces its stages, replicas per stage and micro-batches per step."""
-        if not isinstance(shape, Mapping) or set(shape) != {"stages", "replicas", "microbatches"}:
-            raise ReportError(f"pipeline shape must be a mapping of exactly stages, replicas, microbatches, got "
-                              f"{shape!r:.200}")
+        """The runtime announces its stages, replicas per stage and micro-batches per step (and, for layer
+        re-balancing, its layers' relative costs and its cuts)."""
+        keys = {"stages", "replicas", "microbatches"}
+        if not isinstance(shape, Mapping) or not keys <= set(shape) <= keys | {"layers", "cuts"} \
+                or ("layers" in shape) != ("cuts" in shape):
+            raise ReportError(f"pipeline shape must be a mapping of stages, replicas, microbatches (and layers with "
+                              f"cuts, or neither), got {shape!r:.200}")
         try:
             schedule = make_schedule(self.pipeline.schedule, stages=shape["stages"], replicas=shape["replicas"],
                                       microbatches=shape["microbatches"], config=self.pipeline)
         except ConfigError as e:
             raise ReportError(f"pipeline shape refused: {e}") from None
         replicas = shape["replicas"]
-        new = {"stages": int(shape["stages"]), "microbatches": int(shape["microbatches"]),
+        new: dict[str, Any] = {"stages": int(shape["stages"]), "microbatches": int(shape["microbatches"]),
                "replicas": [int(replicas)] * int(shape["stages"]) if isinstance(replicas, int) else
                [int(r) for r in replicas]}
+        rebalancer = self._rebalancer(shape, new["stages"])
+        if rebalancer is not None:
+            new.update(layers=[float(w) for w in shape["layers"]], cuts=[int(c) for c in shape["cuts"]])
         if new == self.shape:
             return  # announced again (a driver reconnecting): keep what was learnt
-        self.shape, self.schedule = new, schedule
+        self.shape, self.schedule, self.rebalancer = new, schedule, rebalancer
         self.steps_observed = 0
+
+    def _rebalancer(self, shape: Mapping[str, Any], stages: int) -> Rebalancer | None:
+        """Layer re-balancing over the announced layers, where the config turns it on; ReportError when it
+        is on and the runtime announced no layers (a decision nobody could carry out is refused)."""
+        config = self.pipeline.rebalance
+        if not config.enabled:
+            return None
+        layers, cuts = shape.get("layers"), shape.get("cuts")
+        if layers is None:
+            raise ReportError("pipeline.rebalance is on but the runtime announced no layers: announce them "
+                              "(ScheduledPlans(layers=..., cuts=...)) or set pipeline.rebalance.enabled: false")
+        ok = (isinstance(layers, (list, tuple)) and 0 < len(layers) <= MAX_LAYERS and isinstance(cuts, (list, tuple))
+              and len(cuts) == stages - 1 and all(isinstance(c, int) and not isinstance(c, bool) for c in cuts)
+              and all(isinstance(w, (int, float)) and not isinstance(w, bool) and 0 <= w < 1e30 for w in layers))
+        if not ok:
+            raise ReportError(f"pipeline layers must be at most {MAX_LAYERS} relative costs >= 0 and cuts {stages - 1} "
+                              f"integer layer indices, got layers {str(layers)[:80]} cuts {str(cuts)[:80]}")
+        try:
+            return Rebalancer(config, layer_costs=layers, cuts=list(cuts or ()))
+        except PlanError as e:
+            raise ReportError(f"pipeline layers refused: {e}") from None
 
     def observation_rejection(self, rows: object) -> Rejection | None:
         """Why one step's latency rows cannot be taken whole, or None."""
@@ -162,6 +203,8 @@ class PipelineDeriver(Deriver):
             self.schedule.tell_sizes(step, [float(s) for _, _, s in rows])
             return
         self.schedule.observe([Measurement(k, r, Kind(kind), mb, float(s)) for k, r, kind, mb, s in rows])
+        if self.rebalancer is not None:
+            self.rebalancer.observe(step, stage_seconds(rows, self.rebalancer.stages))
         self.steps_observed += 1
 
     # -- the protocol -------------------------------------------------------------------------------
@@ -174,10 +217,11 @@ class PipelineDeriver(Deriver):
         t0 = time.perf_counter()
         plan = self.schedule.plan(boundary.first_step)
         record = self.schedule.last_decision
+        move = self.rebalancer.decide(boundary.first_step) if self.rebalancer is not None else None
         self.plan_s += time.perf_counter() - t0
         self.plans += 1
         return MicroBatchPlan(version=-1, effective_step=-1, plan=plan,
-                              record=record.to_dict() if record is not None else None)
+                              record=record.to_dict() if record is not None else None, layer_move=move)
 
     def stats(self) -> PipelineAxisStats | None:
         if self.shape is None or self.schedule is None:
@@ -187,11 +231,14 @@ class PipelineDeriver(Deriver):
                                  replicas=tuple(self.shape["replicas"]), microbatches=self.shape["microbatches"],
                                  steps_observed=self.steps_observed, plans=self.plans, plan_s=self.plan_s,
                                  observations_rejected=self.observations_rejected,
-                                 last_decision=record.to_dict() if record is not None else None)
+                                 last_decision=record.to_dict() if record is not None else None,
+                                 cuts=self.rebalancer.cuts if self.rebalancer is not None else None,
+                                 layer_moves=self.rebalancer.moves if self.rebalancer is not None else 0)
 
     def state_dict(self) -> dict[str, Any]:
         return {"shape": self.shape, "steps_observed": self.steps_observed, "plans": self.plans,
-                "schedule": self.schedule.state_dict() if self.schedule is not None else None}
+                "schedule": self.schedule.state_dict() if self.schedule is not None else None,
+                "rebalance": self.rebalancer.state_dict() if self.rebalancer is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or not {"shape", "steps_observed", "schedule"} <= set(state):
@@ -205,6 +252,8 @@ class PipelineDeriver(Deriver):
         self.schedule.load_state_dict(state["schedule"])
         self.steps_observed = int(state["steps_observed"])
         self.plans = int(state.get("plans", 0))
+        if self.rebalancer is not None and state.get("rebalance") is not None:
+            self.rebalancer.load_state_dict(state["rebalance"])
 
 
 def _index(x: object, n: int) -> bool:

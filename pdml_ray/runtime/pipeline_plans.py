@@ -30,6 +30,7 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
 from pdml_ray.pipeline.plan import DecisionRecord, Measurement, Plan
+from pdml_ray.pipeline.rebalance import LayerMove
 from pdml_ray.pipeline.sizes import check_sizes
 from pdml_ray.scheduler import Scheduler
 
@@ -51,13 +52,18 @@ class ScheduledPlans:
     """Plans from the ``pipeline`` axis of the run's scheduler, fetched one step ahead."""
 
     def __init__(self, config: PDMLConfig, *, stages: int, replicas: int | Sequence[int], microbatches: int,
-                 in_process: bool = False) -> None:
+                 in_process: bool = False, layers: Sequence[float] | None = None,
+                 cuts: Sequence[int] | None = None) -> None:
+        """``layers`` (a relative cost per layer) and ``cuts`` (the first layer of stages 1..S-1) announce the
+        model's layers for layer re-balancing (``PipelineConfig.rebalance``; ``layer_move`` says when)."""
         if config.pipeline is None:
             raise ConfigError("the pipeline runtime plans with the scheduler's pipeline axis: set "
                               "PDMLConfig(pipeline=PipelineConfig(schedule=...))")
         reps = [int(replicas)] * stages if isinstance(replicas, int) else [int(r) for r in replicas]
         self.name = config.pipeline.schedule
-        self.shape = {"stages": int(stages), "replicas": reps, "microbatches": int(microbatches)}
+        self.shape: dict[str, Any] = {"stages": int(stages), "replicas": reps, "microbatches": int(microbatches)}
+        if layers is not None or cuts is not None:
+            self.shape.update(layers=[float(w) for w in layers or ()], cuts=[int(c) for c in cuts or ()])
         self.microbatches = int(microbatches)
         self._sizes: dict[int, tuple[float, ...]] = {}  # step -> micro-batch sizes told, sent with its request
         self._run = RunScheduler(config, sum(reps), in_process=in_process, name_prefix="pdml-pipeline")
@@ -120,6 +126,11 @@ class ScheduledPlans:
         self.wait_s += time.perf_counter() - t0
         self.steps += 1
         return self.decision.plan
+
+    def layer_move(self, step: int) -> LayerMove | None:
+        """The layers that move between stages before step ``step`` (carried in its plan), or None."""
+        move = self.decision.layer_move if self.decision is not None and self._step == step else None
+        return move if move is not None and move.effective_step == step else None
 
     def observe(self, measurements: Sequence[Measurement]) -> None:
         """The planned step's action latencies, to the scheduler (fire-and-forget)."""
