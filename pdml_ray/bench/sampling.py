@@ -19,8 +19,8 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
   importance-weight exponent beta annealed 0.4 -> 1 over 1,000 steps, loss ``sum(w l) / sum(w)``;
 - the other modes, same table and sampler: ``annealed`` (beta rising late), ``selective_backprop``
   (uniform draws, the high-loss third of each batch backpropagated), ``rho_loss`` (draws by loss minus
-  an irreducible-loss model's loss; that model, a width-64 MLP, is trained on a holdout carved off the
-  training set, ``--holdout-fraction``, and its training and inference time is counted in the arm's
+  an irreducible-loss model's loss; that model is cross-fitted on the training set with class-balanced
+  draws, ``pdml_ray.bench.sampling_rho``, and its training and inference time is counted in the arm's
   wall time from step 0);
 - baselines besides uniform: ``focal`` (uniform draws, focal loss with gamma 2: no change to sampling)
   and ``label_balanced`` (below);
@@ -32,7 +32,8 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
   or before its first probe) trains on the uniform arm's very batches until its draws first differ;
   its time then differs from uniform's by what the table costs;
 - ablations: ``priority_beta1`` (beta held at 1 from step 0: fully unbiased), ``priority_no_correction``
-  (beta 0: every weight 1, the sampler's bias left in) and ``label_balanced`` (what a practitioner who
+  (beta 0: every weight 1, the sampler's bias left in), ``rho_loss_holdout`` (rho-loss with its first
+  irreducible-loss model: a small one on a 10% holdout, ``--holdout-fraction``) and ``label_balanced`` (what a practitioner who
   knows the labels does: each draw picks a class uniformly, then a sample of it uniformly, i.e. the
   minority oversampled to balance, plain mean loss; it uses the labels, the others do not).
 
@@ -86,15 +87,19 @@ ARMS: dict[str, str] = {
                       "cube of the anneal to 1 at 1,000 steps): the most biased label-free arm",
     "selective_backprop": "mode selective-backprop: uniform draws, each batch's losses at or above the 2/3 "
                           "percentile of the last 4,096 backpropagated (biased)",
-    "rho_loss": "mode rho-loss: priority by loss minus an irreducible-loss model's loss (model trained on a "
-                "holdout carved off the training set; its cost counted)",
+    "rho_loss": "mode rho-loss: priority by loss minus an irreducible-loss model's loss (two-layer width-64 "
+                "models cross-fitted on the training set's folds, class-balanced draws with the logit adjustment; "
+                "their cost counted)",
     "focal": "uniform draws, focal loss (gamma 2): a common practitioner fix, no change to sampling",
     "priority_beta1": "(a) loss priority, importance-weight exponent beta = 1 from step 0 (fully unbiased)",
     "priority_no_correction": "(b) loss priority, no importance correction (beta = 0: every weight 1)",
     "label_balanced": "(c) label-aware: classes drawn equally often, uniform within a class (minority "
                       "oversampled to balance), plain mean loss",
+    "rho_loss_holdout": "(d) mode rho-loss with the irreducible-loss model it was first measured with: one layer, "
+                        "width 64, 100 steps on uniform draws of a holdout carved off the training set "
+                        "(--holdout-fraction)",
 }
-ABLATIONS = ("priority_beta1", "priority_no_correction")
+ABLATIONS = ("priority_beta1", "priority_no_correction", "rho_loss_holdout")
 MODE_ARMS = ("priority", "annealed", "annealed_beta0", "selective_backprop", "rho_loss")
 """The label-free arms the headline (``best_label_free``) is chosen among."""
 BASELINES = ("focal", "label_balanced")
@@ -105,6 +110,7 @@ _PRIORITY_ARMS: dict[str, dict[str, Any]] = {
     "annealed_beta0": {"mode": "annealed", "is_exponent_start": 0.0},
     "selective_backprop": {"mode": "selective-backprop"},
     "rho_loss": {"mode": "rho-loss"},
+    "rho_loss_holdout": {"mode": "rho-loss"},
     "priority_beta1": {"is_exponent_start": 1.0, "is_exponent_end": 1.0},
     "priority_no_correction": {"is_exponent_start": 0.0, "is_exponent_end": 0.0},
 }
@@ -118,7 +124,6 @@ _SUMTREE_MS_TARGET, _CONTINUITY_FRACTION_TARGET = 2.0, 1e-3
 _FOCAL_GAMMA = 2.0
 _CONTROL_ARMS = ("uniform", "priority")
 _CONTROL_STEPS = 300  # the balanced control's budget: it reaches its target in tens of steps
-_IL_HIDDEN, _IL_STEPS, _IL_LR = 64, 100, 1e-2  # the irreducible-loss model: width, Adam steps and rate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,7 +164,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample_priority.pay_threshold of every priority arm (default 0: no switch, the "
                              "library's default; 1 measures the switch)")
     parser.add_argument("--holdout-fraction", type=float, default=0.1,
-                        help="share of the training set carved off to train rho_loss's irreducible-loss model")
+                        help="share of the training set carved off to train rho_loss_holdout's irreducible-loss model")
+    parser.add_argument("--il-folds", type=int, default=2,
+                        help="folds rho_loss's irreducible-loss models are cross-fitted on (default 2: halves)")
+    parser.add_argument("--il-steps", type=int, default=500,
+                        help="Adam steps of each of rho_loss's irreducible-loss models (default 500)")
 
 
 LR_GRID = "1e-3,3e-3,1e-2,3e-2,1e-1"
@@ -342,6 +351,7 @@ def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, tar
     ``label_noise``: None = ``--label-noise`` (the balanced control passes 0: clean data)."""
     import torch
 
+    from pdml_ray.bench.sampling_rho import RHO_ARMS, irreducible_losses
     from pdml_ray.config import ContinuityConfig
     from pdml_ray.priority.sample import SamplePrioritizer
 
@@ -355,12 +365,12 @@ def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, tar
         if name in _PRIORITY_ARMS:
             # seed + 1: the table's uniform draws are the uniform arm's (common random numbers, _Arm)
             sp = SamplePrioritizer(args.dataset_size, priority_config(args, name), continuity, seed=seed + 1)
-        if name == "rho_loss":
+        if name in RHO_ARMS:
             assert sp is not None
-            il = _irreducible_losses(x, y, args.holdout_fraction, seed)
+            il = irreducible_losses(name, x, y, args, seed)
             sp.set_irreducible_losses(np.arange(args.dataset_size), il.losses)
             selection_s = il.train_s + il.infer_s
-            il_costs = {"train_s": il.train_s, "infer_s": il.infer_s}
+            il_costs[name] = {"train_s": il.train_s, "infer_s": il.infer_s}
         arms.append(_Arm(name, x, y, args, seed, lr, sp, selection_s))
     for step in range(max_steps):
         for arm in arms:
@@ -374,8 +384,8 @@ def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, tar
     for name, r in results.items():
         r["step_ratio"] = u["steps_bounded"] / r["steps_bounded"]   # uniform / arm, misses as the budget
         r["time_ratio"] = u["time_bounded_s"] / r["time_bounded_s"]
-    if il_costs:
-        results["rho_loss"]["irreducible_model"] = il_costs
+    for name, costs in il_costs.items():
+        results[name]["irreducible_model"] = costs
     return {"seed": seed, "imbalance": imbalance, "label_noise": noise, "max_steps": max_steps, "target_value": target,
             "lr": dict(lrs), "arms": results}
 
@@ -386,26 +396,6 @@ def priority_config(args: argparse.Namespace, name: str):
 
     return SamplePriorityConfig(exponent=args.temperature, uniform_mix=args.uniform_mix, unseen_score=args.unseen_score,
                                 pay_threshold=args.pay_threshold or None, **_PRIORITY_ARMS[name])
-
-
-def _irreducible_losses(x, y, fraction: float, seed: int):
-    """rho_loss's irreducible-loss model: a width-64 MLP trained on a holdout carved off the training set
-    (x, y tensors), and its per-sample loss on the whole training set, with their wall seconds."""
-    import torch
-    import torch.nn.functional as F
-
-    from pdml_ray.train.irreducible import carve_holdout, fit_irreducible_losses
-
-    _, held = carve_holdout(len(x), fraction, seed + 30_013)
-    torch.manual_seed(seed + 30_013)
-    model = torch.nn.Sequential(torch.nn.Linear(_DIM, _IL_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(_IL_HIDDEN, 1))
-
-    def per_sample(out, target):
-        return F.binary_cross_entropy_with_logits(out.squeeze(1), target, reduction="none")
-
-    rows = torch.from_numpy(held)
-    return fit_irreducible_losses(model, per_sample, (x[rows], y[rows]), (x, y), steps=_IL_STEPS, lr=_IL_LR,
-                                  batch_size=128, seed=seed)
 
 
 def _arm_summary(trials: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -630,6 +620,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--label-noise must be in [0, 0.5) (a share of labels flipped), got {args.label_noise}")
     if not 0.0 < args.holdout_fraction < 1.0:
         raise UsageError(f"--holdout-fraction must be in (0, 1), e.g. 0.1, got {args.holdout_fraction}")
+    if args.il_folds < 2 or args.il_steps < 1:
+        raise UsageError(f"--il-folds must be >= 2 and --il-steps >= 1, e.g. 2 and 500, got {args.il_folds} and "
+                         f"{args.il_steps}")
     if not args.pay_threshold >= 0.0:
         raise UsageError(f"--pay-threshold must be >= 0 (0 = no switch), got {args.pay_threshold}")
     if args.device != "cpu":  # the JSON must never record a device that was not used
@@ -695,7 +688,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "target_metric": "minority_f1 (positive-class F1 on a balanced held-out set, threshold 0.5)",
         "target_value": args.target_f1, "imbalance": args.imbalance, "label_noise": args.label_noise,
         "dataset_size": args.dataset_size, "pay_threshold": args.pay_threshold or None,
-        "holdout_fraction": args.holdout_fraction,
+        "holdout_fraction": args.holdout_fraction, "il_folds": args.il_folds, "il_steps": args.il_steps,
         "label_aware_gap": (summary["arms"]["label_balanced"]["step_ratio"]
                             / summary["arms"][summary["best_label_free"]]["step_ratio"]
                             if "label_balanced" in summary["arms"] else None),

@@ -25,7 +25,7 @@ def test_label_noise_flips_that_share_of_training_labels_and_never_the_test_spli
 
 
 def test_every_arm_trains_and_rho_loss_counts_its_irreducible_model_from_step_zero():
-    args = _parse(["--dataset-size", "400", "--hidden", "8", "--label-noise", "0.2"])
+    args = _parse(["--dataset-size", "400", "--hidden", "8", "--label-noise", "0.2", "--il-steps", "5"])
     trial = sampling._trial(3, args, 0, 4, 1, 0.8, {n: 1e-2 for n in sampling.ARMS})
     arms = trial["arms"]
     assert set(arms) == set(sampling.ARMS) and trial["label_noise"] == 0.2
