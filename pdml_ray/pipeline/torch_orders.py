@@ -7,6 +7,9 @@ that reads only a few sizes. We call that generator on an instance made without 
 stages, no process group) and read torch's private ``_Action`` (stage_index, computation_type,
 microbatch_index). Both are private API, so the torch version they were read from is pinned
 (``SUPPORTED_TORCH``): another version raises PDMLError naming it instead of building a wrong plan.
+
+The other direction, a project plan as torch's per-rank ``_Action`` lists (``torch_actions``), reads
+the same kind table; ``pdml_ray.pipeline.torch_exec`` runs those lists on torch's own runtime.
 """
 
 from __future__ import annotations
@@ -17,19 +20,25 @@ from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.plan import Action, DecisionRecord, Kind, Measurement, Plan, validate
 
 SUPPORTED_TORCH = "2.13"
-"""torch major.minor whose private schedule generators and ``_Action`` this module reads."""
+"""torch major.minor whose private schedule generators, ``_Action`` and ``_PipelineScheduleRuntime`` the
+project uses (here and in ``pdml_ray.pipeline.torch_exec``)."""
 
 _KINDS = {"F": Kind.FORWARD, "B": Kind.BACKWARD, "I": Kind.INPUT, "W": Kind.WEIGHT}
-"""torch ``_ComputationType`` value -> Kind (FULL_BACKWARD is "B", BACKWARD_INPUT "I", BACKWARD_WEIGHT "W")."""
+"""torch ``_ComputationType`` value -> Kind (FULL_BACKWARD is "B", BACKWARD_INPUT "I", BACKWARD_WEIGHT "W");
+the one table both directions read (``_converted`` into plans, ``torch_actions`` out of them)."""
+_TORCH_KINDS = {kind: value for value, kind in _KINDS.items()}
 
 
-def _schedules() -> Any:
+def torch_schedules() -> Any:
+    """``torch.distributed.pipelining.schedules``, after checking that the installed torch is the pinned one
+    (the one place the pin is checked: reading torch's orders and running plans on its runtime)."""
     import torch
     from torch.distributed.pipelining import schedules
 
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     if version != SUPPORTED_TORCH:
-        raise PlanError(f"torch baselines read torch {SUPPORTED_TORCH}'s private schedule generators, but torch "
+        raise PlanError(f"torch baselines and plans on torch's runtime use torch {SUPPORTED_TORCH}'s private schedule "
+                        f"generators, _Action and _PipelineScheduleRuntime, but torch "
                         f"{torch.__version__} is installed; install torch {SUPPORTED_TORCH}.x or update "
                         "pdml_ray.pipeline.torch_orders for this version")
     return schedules
@@ -109,7 +118,7 @@ def torch_plan(cls_name: str, ranks: int, microbatches: int, chunks: int = 1, *,
     """The order torch's ``cls_name`` generates for ``ranks`` ranks of ``chunks`` chunks and
     ``microbatches`` micro-batches, one replica per stage, adjusted as ``ADJUSTMENTS`` says and
     validated. PlanError for sizes torch's own constructor refuses, naming its rule."""
-    schedules = _schedules()
+    schedules = torch_schedules()
     cls = getattr(schedules, cls_name)
     gen = cls.__new__(cls)
     stages = ranks * chunks
@@ -133,7 +142,7 @@ def _plan(gen: Any, sizes: dict[str, Any], ranks: int, chunks: int, style: str, 
     """Run torch's per-rank generator ``gen`` (made without ``__init__``, given the ``sizes`` its
     generator reads) for every rank and convert its ``_Action``s; a missing attribute or an unknown
     kind means torch's private API moved."""
-    schedules = _schedules()
+    schedules = torch_schedules()
     stages, cls_name = ranks * chunks, type(gen).__name__
     try:
         for attr, value in sizes.items():
@@ -175,6 +184,23 @@ def _converted(stage: int, kind: str, microbatch: int, split: bool) -> tuple[Act
     if kind == "B" and split:
         return Action(stage, 0, Kind.INPUT, microbatch), Action(stage, 0, Kind.WEIGHT, microbatch)
     return (Action(stage, 0, _KINDS[kind], microbatch),)
+
+
+def torch_actions(plan: Plan) -> dict[int, list[Any]]:
+    """``plan`` as torch's per-rank compute-only order: rank -> torch ``_Action``s (stage, F/B/I/W,
+    micro-batch) in the plan's order, what torch's ``_PipelineScheduleRuntime`` lowers and runs. The
+    inverse of reading torch's orders (``torch_plan``: the same kind table), so a torch order read into a
+    plan comes back as torch listed it, less its REDUCE_GRAD actions (torch's lowering adds them back).
+    One pipeline only: PlanError for a plan with more than one replica of a stage."""
+    schedules = torch_schedules()
+    if any(r != 1 for r in plan.replicas):
+        raise PlanError(f"torch's pipeline runtime runs one pipeline (one replica per stage), but {plan.schedule or 'the plan'} "
+                        f"has replicas {list(plan.replicas)}; plan with replicas=1 and run data-parallel replicas as "
+                        "separate pipelines")
+    ranks = plan.num_stages if plan.stage_rank is None else max(plan.stage_rank) + 1
+    action, kind = schedules._Action, schedules._ComputationType
+    return {rank: [action(a.stage, kind(_TORCH_KINDS[a.kind]), a.microbatch) for a in plan.orders[(rank, 0)]]
+            for rank in range(ranks)}
 
 
 def _renumber_last_rank(actions: list[tuple[int, str, int]], microbatches: int) -> list[tuple[int, str, int]]:

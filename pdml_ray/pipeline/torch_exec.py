@@ -1,0 +1,185 @@
+"""Project plans run by torch.distributed.pipelining's own runtime, over real ``PipelineStage``s.
+
+A ``Plan`` with one replica per stage (the project's static orders, osprey's per-step plans, torch's
+orders read by ``torch_orders``) becomes torch's per-rank compute-only order (``torch_orders.torch_actions``,
+the one conversion both ways), which torch's ``_PipelineScheduleRuntime`` lowers (it adds the sends,
+receives and REDUCE_GRAD actions) and executes: forward, full backward, or split backward (input
+gradient I, then weight gradient W) per action, point-to-point over the stages' process group (gloo on
+the CPU, NCCL on GPUs). The gradient of one step is torch's: accumulated over micro-batches and, with
+``scale_grads``, divided by their number, as every torch schedule class does.
+
+A rank holds the stages its plan places on it (``Plan.stage_rank``; one stage per rank without it), so
+virtual stages (two chunks per rank, looped or V-shaped) run as torch runs its interleaved schedules.
+Each rank runs its order strictly in order: a plan with ``reorder=True`` (osprey's) runs as listed,
+which ``validate`` has shown finishes (in-order execution cannot deadlock on a valid plan).
+
+``_PipelineScheduleRuntime`` and ``_Action`` are private torch API, pinned with the rest of the
+project's use of it in ``torch_orders.SUPPORTED_TORCH``. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from pdml_ray.errors import PlanError, UsageError
+from pdml_ray.pipeline.partition import split_sequential
+from pdml_ray.pipeline.plan import Plan, validate
+from pdml_ray.pipeline.torch_orders import torch_actions, torch_schedules
+
+
+def plan_ranks(plan: Plan) -> int:
+    """Ranks a plan runs on: one per stage, or ``max(stage_rank) + 1`` with virtual stages."""
+    return plan.num_stages if plan.stage_rank is None else max(plan.stage_rank) + 1
+
+
+def rank_stages(plan: Plan, rank: int) -> list[int]:
+    """The stage indices ``plan`` places on ``rank``, in stage order."""
+    if plan.stage_rank is None:
+        return [rank] if 0 <= rank < plan.num_stages else []
+    return [k for k, r in enumerate(plan.stage_rank) if r == rank]
+
+
+def pipeline_stages(model: nn.Sequential, plan: Plan, rank: int, device: torch.device,
+                    group: Any = None) -> list[Any]:
+    """``model`` cut into ``plan.num_stages`` consecutive parts balanced by parameter count
+    (``partition.split_sequential``), and the parts ``plan`` places on ``rank`` as torch ``PipelineStage``s
+    (shapes inferred from the first micro-batch). The stages hold ``model``'s own layers, so its
+    parameters' ``.grad`` are the step's gradients (on this rank's layers)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    parts = split_sequential(model, plan.num_stages)
+    return [PipelineStage(parts[k].to(device), k, plan.num_stages, device, group=group)
+            for k in rank_stages(plan, rank)]
+
+
+class TorchPlanRuntime:
+    """Runs project plans on torch's ``_PipelineScheduleRuntime`` for this rank's ``stages``.
+
+    ``load(plan)`` converts and lowers a plan (every step, if the plan changes every step); ``step``
+    runs one global step of ``microbatches`` micro-batches as torch's schedules do (inputs split along
+    dimension 0, the loss on the last stage). ``loss_fn(output, target)`` and ``scale_grads`` are torch's.
+    """
+
+    def __init__(self, stages: Sequence[Any], microbatches: int, *, loss_fn: Callable[..., torch.Tensor],
+                 scale_grads: bool = True) -> None:
+        if not stages:
+            raise PlanError("TorchPlanRuntime needs this rank's PipelineStages (at least one); build them with "
+                            "pdml_ray.pipeline.torch_exec.pipeline_stages(model, plan, rank, device)")
+        schedules = torch_schedules()
+        self.stages = list(stages)
+        self.microbatches = microbatches
+        self.runtime = schedules._PipelineScheduleRuntime(self.stages, microbatches, loss_fn=loss_fn,
+                                                          scale_grads=scale_grads)
+        self.rank: int = self.runtime.rank
+        self.plan: Plan | None = None
+
+    def load(self, plan: Plan) -> None:
+        """Validate ``plan``, check that it places exactly this runtime's stages on this rank, and hand its
+        order to torch's runtime (torch lowers it: sends, receives, gradient reduction)."""
+        validate(plan)
+        held = sorted(s.stage_index for s in self.stages)
+        wanted = rank_stages(plan, self.rank)
+        if plan.num_microbatches != self.microbatches or held != wanted or any(
+                s.num_stages != plan.num_stages for s in self.stages):
+            raise PlanError(f"{plan.schedule or 'the plan'} ({plan.num_stages} stages, {plan.num_microbatches} "
+                            f"micro-batches) places stages {wanted} on rank {self.rank}, but this runtime holds stages "
+                            f"{held} of {self.stages[0].num_stages} for {self.microbatches} micro-batches; build the "
+                            "stages for this plan's layout (pipeline_stages) or keep the plan's shape fixed "
+                            "(osprey.plans='full-backward' keeps one stage per rank)")
+        if plan_ranks(plan) != self.runtime.pp_group_size:
+            raise PlanError(f"{plan.schedule or 'the plan'} runs on {plan_ranks(plan)} ranks but the stages' process "
+                            f"group has {self.runtime.pp_group_size}; plan for as many ranks as the group has")
+        actions = torch_actions(plan)
+        self.runtime.pipeline_order = actions
+        try:
+            self.runtime._prepare_schedule_with_comms(actions)
+        except (AssertionError, ValueError) as err:  # torch's own checks of an order, which validate passed
+            raise PlanError(f"torch's runtime refused {plan.schedule or 'the plan'}'s order: {err}") from err
+        self.plan = plan
+
+    def step(self, *args: Any, target: Any = None, losses: list[Any] | None = None, **kwargs: Any) -> Any:
+        """One global step of the loaded plan on whole-batch inputs (as torch's ``schedule.step``):
+        the last stage's merged outputs there, None elsewhere."""
+        if self.plan is None:
+            raise PlanError("TorchPlanRuntime.step before any plan was loaded; call load(plan) first")
+        return self.runtime.step(*args, target=target, losses=losses, **kwargs)
+
+
+# ---- running ranks on one machine (tests, benchmarks) ---------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, results: Any, fn: Callable[..., Any],
+               args: tuple[Any, ...]) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the machine's cores
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            results.put((rank, True, fn(rank, world_size, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # reported to the parent, which raises it there with the rank's traceback
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0,
+                   start_method: str = "spawn") -> list[Any]:
+    """``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a gloo process group on this
+    machine (each with its share of the cores); their return values in rank order. ``fn`` and its
+    results must pickle. A rank that fails raises PlanError with its traceback; ranks still running
+    after ``timeout_s`` seconds are stopped (gloo's own timeout is the same).
+
+    ``start_method`` 'spawn' (fresh interpreters: safe after Ray or threads) or 'fork' (seconds faster:
+    no imports; only from a process that runs no other threads, such as a Ray-free test)."""
+    import multiprocessing
+
+    if world_size < 1 or start_method not in ("spawn", "fork"):
+        raise UsageError(f"run_gloo_ranks needs world_size >= 1 and start_method 'spawn' or 'fork', got "
+                         f"{world_size} and {start_method!r}")
+    ctx: Any = multiprocessing.get_context(start_method)  # results are plain data: no tensor sharing needed
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(rank, world_size, port, timeout_s, results, fn, args), daemon=True)
+             for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in out and p.exitcode not in (None, 0)]
+                if dead:  # died before reporting (e.g. could not start: see its stderr)
+                    raise PlanError(f"gloo rank(s) {dead} of {world_size} exited with status "
+                                    f"{[procs[r].exitcode for r in dead]} before reporting; their stderr says why") from None
+                if time.monotonic() > deadline:
+                    raise PlanError(f"gloo ranks {sorted(set(range(world_size)) - set(out))} gave no result within "
+                                    f"{timeout_s:g} s; raise timeout_s if the machine is loaded") from None
+                continue
+            if not ok:
+                raise PlanError(f"gloo rank {rank} of {world_size} failed:\n{value}")
+            out[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return [out[r] for r in range(world_size)]

@@ -1,0 +1,105 @@
+"""Project plans on torch.distributed.pipelining's own runtime: the conversion both ways, and one step's
+gradients on two gloo ranks equal those of torch's own Schedule1F1B."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pdml_ray.config import OspreyConfig, PipelineConfig
+from pdml_ray.errors import PlanError
+from pdml_ray.pipeline import torch_orders
+from pdml_ray.pipeline.osprey import OspreySchedule
+from pdml_ray.pipeline.plan import Plan
+from pdml_ray.pipeline.registry import make_schedule
+from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
+from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages, run_gloo_ranks
+
+MICROBATCHES = 4
+TOLERANCE = 1e-5
+
+
+def _listed(per_rank: dict[int, list[Any]]) -> dict[int, list[str]]:
+    """torch's listing as strings, idle slots and REDUCE_GRAD left out (torch's lowering adds those)."""
+    return {r: [str(a) for a in acts if a is not None and a.computation_type.value != "REDUCE_GRAD"]
+            for r, acts in per_rank.items()}
+
+
+def test_a_torch_order_read_into_a_plan_converts_back_to_torchs_listing() -> None:
+    schedules = torch_orders.torch_schedules()
+    gpipe = schedules.ScheduleGPipe.__new__(schedules.ScheduleGPipe)
+    gpipe._num_stages, gpipe._n_microbatches = 3, 5
+    assert _listed(torch_orders.torch_actions(torch_orders.torch_gpipe_plan(3, 5))) == _listed(gpipe._get_pipeline_order())
+    # Two chunks per rank, looped: rank r holds stages r and r + 2.
+    gen = schedules.ScheduleInterleaved1F1B.__new__(schedules.ScheduleInterleaved1F1B)
+    for attr, value in {"_n_microbatches": 4, "num_stages": 4, "pp_group_size": 2, "n_local_stages": 2,
+                        "number_of_rounds": 2, "microbatches_per_round": 2}.items():
+        setattr(gen, attr, value)
+    raw = {r: gen._calculate_single_rank_operations(r) for r in range(2)}
+    plan = torch_orders.torch_interleaved_1f1b_plan(2, 4)
+    assert _listed(torch_orders.torch_actions(plan)) == _listed(raw)
+    assert [str(a) for a in torch_orders.torch_actions(plan)[1]][:2] == ["1F0", "1F1"]
+
+
+def test_a_plan_of_several_replicas_is_refused_with_the_fix() -> None:
+    plan = make_schedule("1f1b", stages=2, replicas=2, microbatches=4).plan(0)
+    with pytest.raises(PlanError, match="one replica per stage.*run data-parallel replicas as separate pipelines"):
+        torch_orders.torch_actions(plan)
+
+
+def _model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _grads_after_one_step(rank: int, world_size: int, plans: dict[str, dict[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+    """On this rank: one step of torch's Schedule1F1B, then of each plan on TorchPlanRuntime, each from the
+    same initial model; the gradients of this rank's layers per run, by parameter name."""
+    from torch.distributed.pipelining import Schedule1F1B
+
+    base, cpu = _model(), torch.device("cpu")
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 8, generator=gen), torch.randn(8, 4, generator=gen)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for name, data in {"torch Schedule1F1B": plans["1f1b"], **plans}.items():
+        model, plan = copy.deepcopy(base), Plan.from_dict(data)
+        stages = pipeline_stages(model, plan, rank, cpu)
+        if name == "torch Schedule1F1B":
+            Schedule1F1B(stages[0], MICROBATCHES, loss_fn=torch.nn.functional.mse_loss).step(x, target=y)
+        else:
+            runtime = TorchPlanRuntime(stages, MICROBATCHES, loss_fn=torch.nn.functional.mse_loss)
+            runtime.load(plan)
+            runtime.step(x, target=y)
+        out[name] = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+    return out
+
+
+def _osprey_plan() -> Plan:
+    """Osprey's plan for step 1 of 2 stages x 1 replica x 4 micro-batches after one measured step with the
+    second stage twice as slow, choosing among every plan (split backward, two chunks per rank)."""
+    config = PipelineConfig(osprey=OspreyConfig(plans="any"))
+    osprey = OspreySchedule(stages=2, replicas=(1, 1), microbatches=MICROBATCHES, config=config)
+    sim = PipelineSimulator(ClusterProfile.build(2, 1, speeds=((1.0,), (0.5,))))
+    osprey.observe(sim.run_step(osprey.plan(0), 0).measurements)
+    return osprey.plan(1)
+
+
+def test_plans_on_torchs_runtime_give_schedule1f1bs_gradients_on_two_gloo_ranks() -> None:
+    osprey = _osprey_plan()
+    one_f_one_b = make_schedule("1f1b", stages=2, replicas=1, microbatches=MICROBATCHES).plan(0)
+    assert osprey.split_backward or osprey.stage_rank is not None, osprey  # not 1F1B's order again
+    ranks = run_gloo_ranks(_grads_after_one_step, 2, {"1f1b": one_f_one_b.to_dict(), "osprey": osprey.to_dict()},
+                           start_method="fork")  # no Ray in the unit tier: forked ranks skip importing torch again
+    runs = {name: {k: v for r in ranks for k, v in r[name].items()} for name in ranks[0]}
+    reference = runs.pop("torch Schedule1F1B")
+    assert len(reference) == 8 and all(np.abs(g).max() > 1e-4 for g in reference.values())  # every layer learned
+    for name, grads in runs.items():
+        assert grads.keys() == reference.keys(), name
+        diff = max(float(np.abs(grads[k] - reference[k]).max()) for k in reference)
+        print(f"{name} plan on torch's runtime: max abs gradient difference from Schedule1F1B {diff:.2e}")
+        assert diff <= TOLERANCE, (name, diff)
