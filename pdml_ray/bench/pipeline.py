@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray-actor comparison")
     parser.add_argument("--scenarios", type=_scenario_names, default=None,
                         help="non-stationary scenarios to run, comma-separated from "
-                             "homogeneous,drift,uneven,comm-delay,memory-cap (default all; 'none' skips them)")
+                             "homogeneous,drift,uneven,comm-delay,memory-cap,slow-stage (default all, but slow-stage "
+                             "only when named with --quick; 'none' skips them)")
     parser.add_argument("--ray-steps", type=int, help="timed rounds of the Ray-actor comparison (default 16, quick 6)")
     # The Ray-actor run's compute defaults to sleep here: real compute on a few shared cores measures
     # CPU contention, not the schedule.
@@ -291,9 +292,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def run_scenario_section(args: argparse.Namespace, seeds: list[int], steps: int) -> dict[str, Any]:
     """The non-stationary scenarios (``pdml_ray.bench.pipeline_scenarios``): records, summary, targets."""
     from pdml_ray.bench.common import print_table
-    from pdml_ray.bench.pipeline_scenarios import SCENARIOS, check_targets as scenario_targets, run_scenarios, summarize
+    from pdml_ray.bench.pipeline_scenarios import (check_targets as scenario_targets, default_scenarios, rebalance_lines,
+                                                   run_scenarios, summarize)
 
-    names = list(SCENARIOS) if args.scenarios is None else args.scenarios
+    names = default_scenarios(args.quick) if args.scenarios is None else args.scenarios
     if not names:
         return {"skipped": "--scenarios none", "targets": {}}
     records = run_scenarios(quick=args.quick, seeds=seeds, steps=steps, scenarios=names)
@@ -306,6 +308,8 @@ def run_scenario_section(args: argparse.Namespace, seeds: list[int], steps: int)
                  "statics over cap"], rows,
                 title=f"SIMULATED non-stationary scenarios: mean makespan (s) over steps 2..{steps - 1}, median over "
                       f"seeds {seeds}; osprey plans one step ahead")
+    for line in rebalance_lines(records):
+        print(line)
     targets = scenario_targets(records)
     for name, t in targets.items():
         print(f"target {name}: {'met' if t['met'] else 'NOT met'} ({t['basis']}: {t['value']:.4g}, target {t['target']})")

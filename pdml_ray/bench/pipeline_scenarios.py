@@ -11,6 +11,14 @@ figure. Where lengths vary (uneven, memory-cap) every schedule is told each step
 lengths before the step is planned (``simulate_schedule``; osprey through ``ScheduledPlans.tell_sizes``,
 a step ahead like its plans); static orders ignore them. A seed's makespan is the mean over steps ``SKIP_STEPS``.. (osprey's first two plans are its
 warm start); one record per scenario cell, with medians and the worst seed over seeds.
+
+``slow-stage`` (one stage slowed for good) also runs layer re-balancing (``PipelineConfig.rebalance``,
+``pdml_ray.pipeline.rebalance``) through the same scheduler path, the simulator moving the layers at the
+step each move names: osprey over F and B (the Ray-actor runtime's plans: re-balancing reads one stage
+per rank) and 1F1B, each with and without it, reported as ratios (``rebalance``): re-balanced over not
+(mean over the same steps as every figure, and at the last step, after the move), and over the best
+static order. The issue names no target for it. ``--quick`` leaves it out unless named
+(``default_scenarios``): its re-balancing runs double its cost.
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ from pdml_ray.errors import ConfigError
 from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES
 from pdml_ray.pipeline.scenarios import SCENARIOS, ScenarioConfig
 
+REBALANCED = {"osprey-fb": "osprey", "1f1b": "1f1b"}
+"""The schedules ``slow-stage`` runs with and without layer re-balancing (osprey-fb: osprey over F and B only)."""
+QUICK_LEAVES_OUT = ("slow-stage",)
+"""Scenarios ``--quick`` runs only when named (``--scenarios slow-stage``)."""
 SKIP_STEPS = 2
 """Steps left out of a seed's mean makespan: planning ahead, osprey runs its warm start for two steps."""
 STATIC = STATIC_SCHEDULES + tuple(TORCH_SCHEDULES)
@@ -31,6 +43,11 @@ TARGETS = {"drift_median": 0.85, "drift_worst_cell": 0.95, "uneven_median": 0.85
 """Osprey over the best static order (median over cells of the per-cell median over seeds, and the
 worst cell); the homogeneous one per shape; osprey's memory violations where every static order
 exceeds the cap."""
+
+
+def default_scenarios(quick: bool) -> list[str]:
+    """The scenarios run when none are named: all of them, but for ``QUICK_LEAVES_OUT`` with ``--quick``."""
+    return [n for n in SCENARIOS if not (quick and n in QUICK_LEAVES_OUT)]
 
 
 def shapes(quick: bool) -> list[tuple[int, int, int]]:
@@ -75,10 +92,56 @@ def run_seed(scenario: str, stages: int, replicas: int, microbatches: int, *, se
         bound[name] = statistics.fmean(r.lower_bound_s for r in results)
         violations[name] = sum(r.memory_violations for r in results)
     best = min((n for n in STATIC if n in makespan), key=lambda n: makespan[n])
-    return {"seed": seed, "makespan_s": makespan, "lower_bound_s": bound, "memory_violations": violations,
-            "not_applicable": not_applicable, "best_static": best,
-            "osprey_over_best_static": makespan["osprey"] / makespan[best],
-            "osprey_over_lower_bound": makespan["osprey"] / bound["osprey"]}
+    out = {"seed": seed, "makespan_s": makespan, "lower_bound_s": bound, "memory_violations": violations,
+           "not_applicable": not_applicable, "best_static": best,
+           "osprey_over_best_static": makespan["osprey"] / makespan[best],
+           "osprey_over_lower_bound": makespan["osprey"] / bound["osprey"]}
+    if scenario == "slow-stage":
+        out["rebalance"] = _rebalance_runs(profile, stages, replicas, microbatches, seed=seed, steps=steps,
+                                           config=config, best_static_s=makespan[best])
+    return out
+
+
+def _rebalance_runs(profile: Any, stages: int, replicas: int, microbatches: int, *, seed: int, steps: int,
+                    config: ScenarioConfig | None, best_static_s: float) -> dict[str, Any]:
+    """``slow-stage`` with and without layer re-balancing, for each of ``REBALANCED``: mean makespans (same
+    steps as the other schedules), the moves made, and the ratios."""
+    from pdml_ray.config import PDMLConfig, PipelineConfig, RebalanceConfig
+    from pdml_ray.pipeline.scenarios import scenario_layers
+    from pdml_ray.pipeline.simulate import PipelineSimulator, simulate_schedule
+    from pdml_ray.runtime.pipeline_plans import ScheduledPlans
+
+    layers, cuts = scenario_layers(stages, config)
+    out: dict[str, Any] = {}
+    for label, schedule in REBALANCED.items():
+        makespan, last, moves = {}, {}, []
+        for on in (False, True):
+            pipeline = PipelineConfig(schedule=schedule, memory_limit=profile.memory_limit,
+                                      rebalance=RebalanceConfig(enabled=on))
+            plans = ScheduledPlans(PDMLConfig(pipeline=pipeline), stages=stages, replicas=replicas,
+                                   microbatches=microbatches, in_process=True,
+                                   layers=[f + b for f, b in zip(layers.forward_s, layers.backward_s)], cuts=cuts)
+            try:
+                found: list[Any] = []
+
+                def moved(step: int, plans: ScheduledPlans = plans, found: list[Any] = found) -> Any:
+                    move = plans.layer_move(step)
+                    if move is not None:
+                        found.append(move)
+                    return move
+
+                results = simulate_schedule(plans, PipelineSimulator(profile, seed), steps, moves=moved, layers=layers)
+            finally:
+                plans.close()
+            makespan[on] = statistics.fmean(r.makespan_s for r in results[min(SKIP_STEPS, steps - 1):])
+            last[on] = results[-1].makespan_s
+            if on:
+                moves = [{"step": m.effective_step, "stage": m.stage, "cuts_after": list(m.cuts_after)} for m in found]
+        out[label] = {"makespan_s": makespan[False], "rebalanced_makespan_s": makespan[True], "moves": moves,
+                      "rebalanced_over_not": makespan[True] / makespan[False],
+                      "rebalanced_over_not_last_step": last[True] / last[False],
+                      "rebalanced_over_best_static": makespan[True] / best_static_s}
+    return out
 
 
 def cell_record(scenario: str, shape: tuple[int, int, int], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -98,6 +161,16 @@ def cell_record(scenario: str, shape: tuple[int, int, int], runs: Sequence[dict[
     for key in ("osprey_over_best_static", "osprey_over_lower_bound"):
         values = [r[key] for r in runs]
         record[key], record[f"{key}_worst"], record[f"{key}_per_seed"] = med(values), max(values), values
+    if "rebalance" in runs[0]:
+        record["rebalance"] = {}
+        for label in runs[0]["rebalance"]:
+            per_seed = [r["rebalance"][label] for r in runs]
+            entry: dict[str, Any] = {"moves_per_seed": [len(p["moves"]) for p in per_seed],
+                                     "moves": [p["moves"] for p in per_seed]}
+            for key in ("rebalanced_over_not", "rebalanced_over_not_last_step", "rebalanced_over_best_static"):
+                values = [p[key] for p in per_seed]
+                entry[key], entry[f"{key}_worst"], entry[f"{key}_per_seed"] = med(values), max(values), values
+            record["rebalance"][label] = entry
     return record
 
 
@@ -120,6 +193,12 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                    "worst_cell": worst["osprey_over_best_static"], "worst_cell_shape": _shape(worst),
                    "worst_seed": max(c["osprey_over_best_static_worst"] for c in cells),
                    "best_static_counts": {n: best_names.count(n) for n in sorted(set(best_names))}}
+        if "rebalance" in cells[0]:  # re-balanced over not, and over the best static order: median and worst cell
+            out[sc]["rebalance"] = {
+                label: {f"{key}_{part}": f(c["rebalance"][label][key] for c in cells)
+                        for key in ("rebalanced_over_not", "rebalanced_over_not_last_step", "rebalanced_over_best_static")
+                        for part, f in (("median", statistics.median), ("worst_cell", max))}
+                for label in cells[0]["rebalance"]}
     return out
 
 
@@ -153,6 +232,19 @@ def check_targets(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]
             "basis": f"osprey's violations over the {len(capped)} memory-cap cells where every static order exceeds "
                      "the cap (all seeds)"}
     return targets
+
+
+def rebalance_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    """One printed line per ``slow-stage`` cell and re-balanced schedule: the ratios, medians (worst) over seeds."""
+    lines = []
+    for r in records:
+        for label, e in r.get("rebalance", {}).items():
+            lines.append(f"slow-stage {_shape(r)} {label}: re-balanced / not {e['rebalanced_over_not']:.3f} "
+                         f"({e['rebalanced_over_not_worst']:.3f}), at the last step "
+                         f"{e['rebalanced_over_not_last_step']:.3f}; / best static ({r['best_static']['name']}) "
+                         f"{e['rebalanced_over_best_static']:.3f} ({e['rebalanced_over_best_static_worst']:.3f}); "
+                         f"moves per seed {e['moves_per_seed']} (SIMULATED)")
+    return lines
 
 
 def _shape(cell: dict[str, Any]) -> str:

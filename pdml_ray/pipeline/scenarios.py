@@ -16,6 +16,9 @@ micro-batch at a stage, as the named profiles):
   that budget (a data loader's maximum length), so a micro-batch fits alone and some order always
   stays within the cap: untruncated, a micro-batch longer than the budget would exceed it whatever the
   order.
+* ``slow-stage``: every replica of one stage (drawn from the seed) slows by ``drift_factor`` from a
+  quarter of the way in and stays slow (a persistent drift, no recovery): what layer re-balancing is
+  for. Each stage starts with ``layers_per_stage`` equal layers (``scenario_layers``), so layers can move.
 
 Every other field is nominal; the memory limit is ``stages`` mean activations per replica (1F1B's peak)
 outside ``uneven`` (none: it is about costs) and ``memory-cap``.
@@ -30,9 +33,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from pdml_ray.errors import ConfigError
-from pdml_ray.pipeline.simulate import ClusterProfile, SlowWindow
+from pdml_ray.pipeline.simulate import ClusterProfile, LayerCosts, SlowWindow
 
-SCENARIOS: tuple[str, ...] = ("homogeneous", "drift", "uneven", "comm-delay", "memory-cap")
+SCENARIOS: tuple[str, ...] = ("homogeneous", "drift", "uneven", "comm-delay", "memory-cap", "slow-stage")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,17 +59,20 @@ class ScenarioConfig:
     memory_cap: float = 0.5
     """``memory-cap``'s budget per replica as a share of ``stages`` mean-length activations (rounded
     up, at least 2)."""
+    layers_per_stage: int = 4
+    """``slow-stage``: equal layers each stage starts with (a stage's F and B split evenly over them)."""
 
     def __post_init__(self) -> None:
         checks = {"drift_factor": 0 < self.drift_factor, "drift_window": 0 < self.drift_window <= 1,
                   "seq_len_sigma": 0 <= self.seq_len_sigma <= 3, "attention_share": 0 <= self.attention_share <= 1,
                   "transfer_s": self.transfer_s >= 0, "transfer_delay_p": 0 <= self.transfer_delay_p <= 1,
-                  "transfer_delay_s": self.transfer_delay_s >= 0, "memory_cap": 0 < self.memory_cap <= 1}
+                  "transfer_delay_s": self.transfer_delay_s >= 0, "memory_cap": 0 < self.memory_cap <= 1,
+                  "layers_per_stage": isinstance(self.layers_per_stage, int) and 1 <= self.layers_per_stage <= 1024}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ConfigError(f"scenario config: {bad} out of range; drift_factor > 0, drift_window and memory_cap in "
                               "(0, 1], seq_len_sigma in [0, 3], attention_share and transfer_delay_p in [0, 1], "
-                              "seconds >= 0")
+                              "seconds >= 0, layers_per_stage an integer in [1, 1024]")
 
 
 def memory_cap(stages: int, config: ScenarioConfig) -> int:
@@ -96,7 +102,21 @@ def scenario_profile(name: str, stages: int, replicas: int | Sequence[int], *, s
     elif name == "comm-delay":
         fields.update(transfer_s=cfg.transfer_s, transfer_delay_p=cfg.transfer_delay_p,
                       transfer_delay_s=cfg.transfer_delay_s)
+    elif name == "slow-stage":
+        stage = int(np.random.default_rng([seed, 31]).integers(stages))
+        start = steps // 4
+        fields["slow_windows"] = tuple(SlowWindow(stage, r, cfg.drift_factor, start, max(1, steps - start))
+                                       for r in range(reps[stage]))
     elif name == "memory-cap":
         fields.update(seq_len_sigma=cfg.seq_len_sigma, attention_share=cfg.attention_share,
                       memory_limit=memory_cap(stages, cfg), max_seq_len=float(memory_cap(stages, cfg)))
     return ClusterProfile.build(stages, reps, seed=seed, **fields)
+
+
+def scenario_layers(stages: int, config: ScenarioConfig | None = None, *, forward_s: float = 1.0,
+                    backward_s: float = 2.0) -> tuple[LayerCosts, tuple[int, ...]]:
+    """``slow-stage``'s model: ``layers_per_stage`` equal layers per stage (the nominal stage costs split
+    evenly), and the cuts that give each stage its share."""
+    per = (config if config is not None else ScenarioConfig()).layers_per_stage
+    layers = LayerCosts(forward_s=(forward_s / per,) * (stages * per), backward_s=(backward_s / per,) * (stages * per))
+    return layers, tuple(per * k for k in range(1, stages))

@@ -38,21 +38,31 @@ Non-stationary conditions (``pdml_ray.pipeline.scenarios`` names them): ``slow_w
 slows by a factor for a window of steps, then recovers), ``seq_len_sigma`` (long-tailed sequence
 lengths: uneven costs, attention quadratic, and activations linear in length), ``transfer_delay_p``
 and ``transfer_delay_s`` (late transfers between ranks), with ``memory_limit`` as the cap.
+
+Layer re-balancing: given the model's layers (``LayerCosts``), ``simulate_schedule`` carries out the
+layer moves its ``moves`` source decides (``pdml_ray.pipeline.rebalance``) at the step boundary they name:
+from then on each stage costs its new layers' sum. The move itself is free here (the runtime's moves
+of parameters and optimizer state take real time, between steps).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.dispatch import Dispatcher
+from pdml_ray.pipeline.partition import stage_bounds
 from pdml_ray.pipeline.plan import FREES_ACTIVATION, KIND_INDEX, Action, Kind, Measurement, Plan, PlanSource, validate
+
+if TYPE_CHECKING:
+    from pdml_ray.pipeline.rebalance import LayerMove
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +176,20 @@ class ClusterProfile:
 PROFILES = ("homogeneous", "heterogeneous", "noisy")
 
 
+@dataclass(frozen=True, slots=True)
+class LayerCosts:
+    """A model's layers for re-balancing in the simulator: each layer's forward and backward seconds per
+    micro-batch at speed 1; a stage costs the sum of its layers'."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+
+    def stage_costs(self, cuts: Sequence[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(forward_s, backward_s) per stage of the model cut at ``cuts``."""
+        bounds = stage_bounds(len(self.forward_s), list(cuts))
+        return (tuple(sum(self.forward_s[a:b]) for a, b in bounds), tuple(sum(self.backward_s[a:b]) for a, b in bounds))
+
+
 def split_backward_work(fb: np.ndarray, weight_fraction: float) -> np.ndarray:
     """(stages, 2, micro-batches) F and B seconds -> (stages, kinds, micro-batches) by ``KIND_INDEX``: F, B,
     then I = (1 - weight_fraction) B and W = weight_fraction B."""
@@ -226,6 +250,11 @@ class PipelineSimulator:
             if w.active(step):
                 out[w.stage][w.replica] *= w.factor
         return out
+
+    def recut(self, layers: LayerCosts, cuts: Sequence[int]) -> None:
+        """Cut the model's ``layers`` at ``cuts`` from now on (a layer move): stage costs change, nothing else."""
+        forward_s, backward_s = layers.stage_costs(cuts)
+        self.profile = dataclasses.replace(self.profile, forward_s=forward_s, backward_s=backward_s)
 
     def sequence_lengths(self, step: int, microbatches: int) -> np.ndarray:
         """Each micro-batch's sequence length relative to the mean (1.0 when ``seq_len_sigma`` is 0):
@@ -389,8 +418,12 @@ class PipelineSimulator:
 
 
 def simulate_schedule(scheduler: PlanSource, simulator: PipelineSimulator, steps: int,
-                      *, check: bool = False) -> list[StepResult]:
+                      *, check: bool = False, moves: Callable[[int], "LayerMove | None"] | None = None,
+                      layers: LayerCosts | None = None) -> list[StepResult]:
     """Plan, run and feed back ``steps`` global steps; ``check`` validates every plan first.
+
+    ``moves(step)``, asked after each step's plan (``ScheduledPlans.layer_move``), gives the layer move
+    effective at that step, if any; the simulator re-cuts ``layers`` there before running the step.
 
     Where the profile's sequence lengths vary (``seq_len_sigma``), the schedule is told each step's
     micro-batch sizes, and the next step's, before it plans the step (``tell_sizes``): a data loader
@@ -404,6 +437,11 @@ def simulate_schedule(scheduler: PlanSource, simulator: PipelineSimulator, steps
         plan = scheduler.plan(step)
         if check:
             validate(plan)
+        move = moves(step) if moves is not None else None
+        if move is not None:
+            if layers is None:
+                raise ConfigError("layer moves need the model's layers: pass simulate_schedule(layers=LayerCosts(...))")
+            simulator.recut(layers, move.cuts_after)
         result = simulator.run_step(plan, step)
         scheduler.observe(result.measurements)
         results.append(result)

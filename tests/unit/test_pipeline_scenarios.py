@@ -69,7 +69,7 @@ def test_memory_cap_is_below_what_1f1b_and_torch_orders_hold() -> None:
 
 
 def test_scenario_names_and_knobs_are_checked() -> None:
-    assert SCENARIOS == ("homogeneous", "drift", "uneven", "comm-delay", "memory-cap")
+    assert SCENARIOS == ("homogeneous", "drift", "uneven", "comm-delay", "memory-cap", "slow-stage")
     with pytest.raises(ConfigError, match="valid names"):
         scenario_profile("sunny", 2, 1, seed=0, steps=2)
     with pytest.raises(ConfigError, match="drift_factor"):
