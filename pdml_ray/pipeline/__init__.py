@@ -19,6 +19,7 @@ The modules:
     faults.py        lost replicas as data: re-routing and plans on the survivors
     partition.py     a sequential model cut into stages balanced by parameter count (or measured stage speeds)
     rebalance.py     layer re-balancing: a ``LayerMove`` off a stage that stays slower than the others
+    layer_moves.py   moving layers between stage replicas with their parameters and optimizer state
     stage.py         one stage replica's worker: forward, backward, accumulation, step
     stats.py         the pipeline runtime's stats record (``pdml_pipeline_*``)
 """

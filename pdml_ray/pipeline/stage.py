@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from pdml_ray.emulation import COMPUTE_MODES, check_speed, emulate_speed, sleep_compute
 from pdml_ray.errors import ConfigError, PlanError, StateError
+from pdml_ray.pipeline.layer_moves import LayerPayload, export_layers, move_layers
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -220,3 +221,20 @@ class StageWorker:
         self._saved.clear()
         self.optimizer = self._optimizer_factory(self.module.parameters())
         self.optimizer.zero_grad(set_to_none=True)
+
+    # -- layer moves (``pdml_ray.pipeline.layer_moves``), between steps ------------------------------
+
+    def export_layers(self, front: int, back: int) -> tuple[LayerPayload | None, LayerPayload | None]:
+        """Copies of this stage's first ``front`` and last ``back`` layers with their optimizer state."""
+        return export_layers(self.module, self.optimizer, front, back)
+
+    def move_layers(self, drop_front: int, drop_back: int, add_front: LayerPayload | None,
+                    add_back: LayerPayload | None) -> int:
+        """Give up layers at either end and take the neighbours' (optimizer state kept); returns the layer count."""
+        if self._saved:
+            raise PlanError(f"stage {self.stage} replica {self.replica}: layers move between steps, not with "
+                            f"micro-batches {sorted(self._saved)} in flight")
+        self.module, self.optimizer = move_layers(self.module, self.optimizer, self._optimizer_factory,
+                                                  drop_front=drop_front, drop_back=drop_back,
+                                                  add_front=add_front, add_back=add_back)
+        return len(self.module)

@@ -15,6 +15,13 @@ With ``compute="sleep"`` the compute time itself is EMULATED: each action runs t
 forward/backward and then sleeps samples x ``per_sample_s`` / speed (twice that for a backward), so
 that many stage actors on a few cores still run at their configured speeds.
 
+Layer re-balancing: where the plans come from the run's scheduler (``ScheduledPlans``, told this runtime's
+``layer_costs`` and ``cuts``) with ``PipelineConfig.rebalance`` on, a step whose plan carries a
+``LayerMove`` first moves those layers between neighbouring stages (``apply_layer_move``): the layers'
+parameters and optimizer state go from one replica of the giving stage to every replica of the
+receiving one through the object store, and every replica of both rebuilds its stage, so training goes
+on exactly as without the move.
+
 A replica that dies during a step is survived (the step completes on its stage's survivors, with
 the same update); how, and when a step fails with ``PipelineFaultError`` instead, is described in
 ``pdml_ray.runtime.pipeline_faults``, which holds that half of the runtime (``FaultHandling``).
@@ -22,6 +29,7 @@ the same update); how, and when a step fails with ``PipelineFaultError`` instead
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -37,10 +45,12 @@ from pdml_ray.errors import ConfigError, PlanError, StateError, UsageError
 from pdml_ray.metrics import PriorityGauges, export_or_warn
 from pdml_ray.pipeline.dispatch import Dispatcher
 from pdml_ray.pipeline.faults import Replan, Reroute, exclude_replicas
-from pdml_ray.pipeline.partition import split_sequential
+from pdml_ray.pipeline.partition import layer_param_counts, split_sequential
 from pdml_ray.pipeline.plan import Action, Kind, Measurement, Plan, PlanSource, validate
+from pdml_ray.pipeline.rebalance import LayerMove
 from pdml_ray.pipeline.stats import PipelineRunStats
 from pdml_ray.runtime.pipeline_faults import FaultHandling, PipelineFaultError, _in_ids, _StepState
+from pdml_ray.runtime.pipeline_plans import ScheduledPlans
 
 Speeds = Mapping[tuple[int, int], float] | Sequence[Sequence[float]]
 
@@ -75,6 +85,8 @@ class StepResult:
     """The scheduler's plan moved onto the survivors of earlier deaths (None: no replica was missing)."""
     replicas: tuple[int, ...] = ()
     """Live replicas per stage after the step."""
+    layer_move: LayerMove | None = None
+    """The layers moved between stages before this step ran (None: none moved)."""
 
 
 class PipelineRuntime(FaultHandling):
@@ -115,7 +127,11 @@ class PipelineRuntime(FaultHandling):
                               "give Ray more CPUs (ray.init(num_cpus=...))")
         stages = split_sequential(model, num_stages, cuts)
         self.stage_sizes = [len(s) for s in stages]  # layers per stage
-        self._tensors_per_stage = [len(list(s.parameters())) for s in stages]
+        layers = [layer for s in stages for layer in s]
+        self._layer_tensors = [len(list(layer.parameters())) for layer in layers]
+        self.layer_costs: list[float] = [float(c) for c in layer_param_counts(layers)]
+        """Each layer's relative cost for layer re-balancing (its parameter count): announce it with ``cuts``
+        to the scheduler (``ScheduledPlans(layers=runtime.layer_costs, cuts=runtime.cuts)``)."""
         # actors[k][r]: replica r of stage k. Ray pickles the module per call: each actor owns a copy.
         self._actors = [[launch_stage(k, r, num_stages, stages[k], loss_fn=loss_fn if k == num_stages - 1 else None,
                                       lr=lr, optimizer=optimizer, speed=self.speeds[(k, r)],
@@ -127,6 +143,16 @@ class PipelineRuntime(FaultHandling):
         """This runtime's figures over its steps (``pdml_ray.pipeline.stats``), exported after every step
         as ``pdml_pipeline_*`` metrics tagged ``run=<metrics_name>-<id>`` (``metrics_name=None``: not exported)."""
         self._gauges = PriorityGauges(metrics_name) if metrics_name is not None else None
+
+    @property
+    def cuts(self) -> tuple[int, ...]:
+        """The first layer of stages 1..S-1 as the stages are cut now."""
+        return tuple(itertools.accumulate(self.stage_sizes[:-1]))
+
+    @property
+    def _tensors_per_stage(self) -> list[int]:
+        edges = [0, *self.cuts, len(self._layer_tensors)]
+        return [sum(self._layer_tensors[a:b]) for a, b in zip(edges, edges[1:])]
 
     @property
     def emulated(self) -> bool:
@@ -157,6 +183,9 @@ class PipelineRuntime(FaultHandling):
         start = time.perf_counter()
         plan = scheduler.plan(step)
         self._check_plan(plan)
+        move = scheduler.layer_move(step) if isinstance(scheduler, ScheduledPlans) else None
+        if move is not None:
+            self.apply_layer_move(move)
         lost = [k for k in range(self.num_stages) if not self._alive(k)]
         if lost:
             raise PipelineFaultError(f"step {step}: stage {lost[0]} has no live replica (all of "
@@ -197,7 +226,35 @@ class PipelineRuntime(FaultHandling):
         export_or_warn(self._gauges, self.stats)
         return StepResult(step, step_time_s, sum(st.losses.values()), tuple(st.measurements), plan.schedule,
                           st.compute_s, st.emulated_s, counts, backward_counts, tuple(st.reroutes), replan,
-                          self.live_replicas)
+                          self.live_replicas, move)
+
+    def apply_layer_move(self, move: LayerMove) -> None:
+        """Move layers between neighbouring stages, between steps: from the first live replica of each giving
+        stage, copies of the layers with their optimizer state go to every live replica of the receiving
+        stage; every live replica of both rebuilds its stage (``StageWorker.move_layers``). StateError if
+        the move was decided for other cuts than this runtime's."""
+        if move.cuts_before != self.cuts or move.num_layers != len(self._layer_tensors):
+            raise StateError(f"layer move from cuts {list(move.cuts_before)} of {move.num_layers} layers, but this runtime "
+                             f"is cut at {list(self.cuts)} of {len(self._layer_tensors)}: announce the runtime's layers "
+                             "and cuts to the scheduler (ScheduledPlans(layers=runtime.layer_costs, cuts=runtime.cuts))")
+        give = {k: [0, 0] for k in range(self.num_stages)}  # stage -> layers it gives from its [front, back]
+        for t in move.transfers():
+            give[t.source][0 if t.target < t.source else 1] += t.stop - t.start
+        exported: dict[int, Any] = {}
+        for k, (front, back) in give.items():
+            if front or back:
+                call: Any = self._actors[k][self._alive(k)[0]].export_layers.options(num_returns=2)
+                exported[k] = call.remote(front, back)  # (front payload, back payload) refs
+        calls = []
+        for k in range(self.num_stages):
+            add_front = exported[k - 1][1] if k - 1 in exported and give[k - 1][1] else None
+            add_back = exported[k + 1][0] if k + 1 in exported and give[k + 1][0] else None
+            if give[k] != [0, 0] or add_front is not None or add_back is not None:
+                # Actor calls run in submission order: each giving replica exported before it drops.
+                calls += [self._actors[k][r].move_layers.remote(give[k][0], give[k][1], add_front, add_back)
+                          for r in self._alive(k)]
+        ray.get(calls, timeout=self.action_timeout_s)
+        self.stage_sizes = [b - a for a, b in zip((0, *move.cuts_after), (*move.cuts_after, move.num_layers))]
 
     def _drive(self, plan: Plan, st: "_StepState") -> None:
         """Run every action of ``plan`` (replica r of stage k is ``st.ids[k][r]``) under the Dispatcher."""

@@ -6,12 +6,14 @@ tests (actor start-up is the expensive part on 2 cores).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import ray
 import torch
 from torch import nn
 
-from pdml_ray.errors import ConfigError, PlanError
+from pdml_ray.errors import ConfigError, PlanError, StateError
 from pdml_ray.pipeline.plan import Kind
 from pdml_ray.pipeline.registry import PROJECT_SCHEDULES, make_schedule
 from pdml_ray.bench.pipeline_actors import compare_schedules
@@ -32,7 +34,10 @@ def _model() -> nn.Sequential:
 
 @pytest.fixture(scope="module")
 def runtime(ray_local):
-    rt = PipelineRuntime(_model(), STAGES, REPLICAS, nn.MSELoss(), lr=LR)
+    # Momentum gives the optimizer state that layer moves must carry; a first step from set_parameters
+    # (fresh optimizer) equals plain SGD's, which the reference step is.
+    rt = PipelineRuntime(_model(), STAGES, REPLICAS, nn.MSELoss(), lr=LR,
+                         optimizer=functools.partial(torch.optim.SGD, lr=LR, momentum=0.9))
     yield rt
     rt.shutdown()
 
@@ -203,3 +208,52 @@ def test_a_run_planned_by_the_scheduler_actor_shows_its_axis_in_status(runtime, 
     finally:
         plans.close()
     assert runtime.replicas_identical()
+
+
+def test_layers_move_off_a_slow_stage_and_training_goes_on_exactly(runtime, reference_step):
+    """Re-balancing through the run's scheduler: stage 2 (both replicas) EMULATED 5x slower, the pipeline axis
+    moves layers off it at a step boundary, their parameters and momentum with them, and the model after
+    equals the model trained on the same data without a move (the move changes placement, not math)."""
+    from pdml_ray.config import PDMLConfig, PipelineConfig, RebalanceConfig
+    from pdml_ray.pipeline.rebalance import LayerMove
+    from pdml_ray.runtime.pipeline_plans import ScheduledPlans
+
+    initial, x, y, _, _ = reference_step
+    steps = 8
+    runtime.set_parameters(initial)
+    static = make_schedule("1f1b", stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    for s in range(steps):
+        runtime.run_step(static, x, y, step=s)
+    want = runtime.parameters()
+
+    runtime.set_parameters(initial)
+    config = PDMLConfig(pipeline=PipelineConfig(schedule="1f1b", rebalance=RebalanceConfig(enabled=True, window=2)))
+    plans = ScheduledPlans(config, stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES, in_process=True,
+                           layers=runtime.layer_costs, cuts=runtime.cuts)
+    for r in range(REPLICAS):
+        runtime.set_speed(2, r, 0.2)
+    try:
+        results = [runtime.run_step(plans, x, y, step=s) for s in range(steps)]
+    finally:
+        plans.close()
+        for r in range(REPLICAS):
+            runtime.set_speed(2, r, 1.0)
+    moves = [r.layer_move for r in results if r.layer_move is not None]
+    assert moves and moves[0].stage == 2 and moves[0].cuts_before == (2, 4), [r.layer_move for r in results]
+    assert moves[0].effective_step >= 3  # a window of two slow steps, measured, then planned a step ahead
+    assert moves[0].cuts_after[1] > 4 and runtime.cuts == moves[-1].cuts_after  # stage 2 gave layers away
+    assert sum(runtime.stage_sizes) == 7 and runtime.stage_sizes != [2, 2, 3]
+    got = runtime.parameters()
+    for g, w in zip(got, want, strict=True):
+        assert torch.allclose(g, w, atol=1e-6, rtol=0), (g - w).abs().max()
+    assert runtime.replicas_identical()
+
+    # And back (the module's other tests expect the parameter-balanced split): parameters unchanged.
+    runtime.apply_layer_move(LayerMove(effective_step=steps, stage=1, cuts_before=runtime.cuts, cuts_after=(2, 4),
+                                       num_layers=7, stage_s_before=(1.0,) * 3, stage_s_after=(1.0,) * 3))
+    assert runtime.stage_sizes == [2, 2, 3]
+    assert all(torch.equal(a, b) for a, b in zip(runtime.parameters(), got, strict=True))
+    stale = LayerMove(effective_step=steps, stage=2, cuts_before=(2, 5), cuts_after=(2, 6), num_layers=7,
+                      stage_s_before=(1.0,) * 3, stage_s_after=(1.0,) * 3)
+    with pytest.raises(StateError, match="announce the runtime's layers"):
+        runtime.apply_layer_move(stale)  # decided for cuts the runtime does not have
