@@ -26,8 +26,8 @@ FIGURES = {
 }
 EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
          "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "150", "--lr", "0.003"],
-         "pipeline": ["--steps", "5", "--ray-steps", "3"],
-         "scheduler": ["--workers", "16", "--duration", "3"],
+         "pipeline": ["--steps", "5", "--ray-steps", "3", "--seeds", "2"],
+         "scheduler": ["--workers", "16", "--duration", "3", "--report-via", "node"],
          "stragglers": ["--workers", "4", "--steps", "8", "--policies", "sync,gc-fr,pgc-cr", "--per-partition-ms", "20",
                         "--no-death-run"],
          "gradients": ["--workers", "4", "--steps", "6", "--fixed-sweep", "0", "--per-partition-ms", "10"]}
