@@ -281,8 +281,10 @@ class _Arm:
                     self._feedback = []
                 self._plans = self.sp.plans(step, self.plan_ahead, [self.batch])
             plan = self._plans.pop(0)
-            # sum(w l) / sum(w) as one dot product: w normalised here, one autograd op in the step
-            idx, w = plan.indices[0], torch.from_numpy(plan.weights[0] / plan.weights[0].sum())
+            idx, weights = plan.indices[0], plan.weights[0]
+            # sum(w l) / sum(w) as one dot product: w normalised here, one autograd op in the step; a
+            # uniform plan (switched off, every weight 1) takes the plain mean, as the uniform arm does
+            w = None if weights.min() == 1.0 else torch.from_numpy(weights / weights.sum())
         t1 = time.perf_counter()
         ti = torch.from_numpy(idx)
         logits, target = self.model(self.x[ti]).squeeze(1), self.y[ti]

@@ -128,11 +128,15 @@ class SampleStats:
     """A/B probes the pay switch has run (intervals drawn the other way to measure the gain)."""
     selection_seconds: float = 0.0
     """Wall time the table spent in plans and updates (draws, weights, scoring) (s)."""
+    skipped_losses: int = 0
+    """Reported losses the table left out while the pay switch had priority draws off (outside the
+    intervals a probe measures): what keeps its cost low while off."""
 
     def summary_lines(self) -> list[str]:
         return [f"sample priorities ({self.mode}): draws {'by priority' if self.priority_on else 'uniform'}, "
                 f"pay switch off {self.switches_off}x / on {self.switches_on}x (measured gain {self.measured_gain:.3g} "
-                f"over {self.probes} probes), selection {self.selection_seconds:.3g} s",
+                f"over {self.probes} probes), selection {self.selection_seconds:.3g} s, "
+                f"losses skipped while off {self.skipped_losses}",
                 f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
                 f"epoch {self.epoch:.2f}, uniform mix {self.uniform_mix:.3g}, beta {self.beta:.3g}, "
                 f"recalibrations {self.recalibrations} (flat {self.collapsed_flat}, peaked {self.collapsed_peaked}, "
@@ -199,6 +203,7 @@ class SamplePrioritizer(SampleDraws):
         self._score_sum = RunningSum()                        # sum of seen scores (for the mean); unseen are 0
         self._score_sum.reset(np.zeros(0))
         self.clipped = 0                                      # losses clipped to the robust cap so far
+        self.skipped_losses = 0                               # losses left out while priority draws were off
         self.recal_mix = 0.0
         self.recal_until = -1
         self._chunk = math.ceil(n / self.config.stale_after)  # samples the staleness sweep visits per step
@@ -275,10 +280,19 @@ class SamplePrioritizer(SampleDraws):
         above ``max_loss`` (its weight or the table's sums would overflow) refuses the whole update with
         ReportError before anything is written (``feedback_problem``). Under rho-loss the score is the
         loss minus the sample's irreducible loss. Returns the continuity verdict if a check ran at this
-        step. Its wall time counts as selection cost (the pay switch's).
+        step. Its wall time counts as selection cost (the pay switch's). While the pay switch has
+        priority draws off, losses outside the intervals a probe measures are checked and skipped
+        (``skipped_losses``; ``PaySwitch.wants_losses``).
         """
         t0 = time.perf_counter()
         try:
+            if not self.switch.wants_losses(step):  # priority off, no probe measuring: nothing to score
+                problem = self.feedback_problem(np.asarray(indices, dtype=np.int64).ravel(),
+                                                np.asarray(losses, dtype=np.float64).ravel())
+                if problem is not None:
+                    raise ReportError(f"update: {problem}")
+                self.skipped_losses += int(np.size(indices))
+                return None
             return self._ingest(indices, losses, step)
         finally:
             self.switch.record_selection(time.perf_counter() - t0, step=step)
@@ -488,7 +502,7 @@ class SamplePrioritizer(SampleDraws):
             priority_on=self.rule.prioritised and self.switch.on, switches_off=self.switch.switches_off,
             switches_on=self.switch.switches_on, predicted_gain=self.switch.predicted, cost_factor=self.switch.cost,
             measured_gain=self.switch.gain, probes=self.switch.probes,
-            selection_seconds=self.switch.selection_s)
+            selection_seconds=self.switch.selection_s, skipped_losses=self.skipped_losses)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -501,6 +515,7 @@ class SamplePrioritizer(SampleDraws):
             "recalibrations": self.recalibrations, "uniform_fallbacks": self.uniform_fallbacks,
             "distinct_shortfalls": self.distinct_shortfalls, "rng": self.rng.bit_generator.state,
             "scale_rng": self.scale_rng.bit_generator.state, "clipped": self.clipped,
+            "skipped_losses": self.skipped_losses,
             "switch": self.switch.state_dict(), "switch_rng": self.switch_rng.bit_generator.state,
         }
         if self.irreducible is not None:
@@ -548,6 +563,7 @@ class SamplePrioritizer(SampleDraws):
         if "scale_rng" in d:  # absent in states written before losses were clipped
             self.scale_rng.bit_generator.state = d["scale_rng"]
         self.clipped = int(d.get("clipped", 0))
+        self.skipped_losses = int(d.get("skipped_losses", 0))
         if "switch" in d:  # absent in states written before the pay switch
             self.switch.load_state_dict(d["switch"])
             self.switch_rng.bit_generator.state = d["switch_rng"]

@@ -242,27 +242,28 @@ class SampleDraws:
         t0 = time.perf_counter()
         prioritised = self.priority_draws(first_step, num_steps)
         mix = self.mix(first_step) if prioritised else 1.0
-        if not prioritised:  # uniform draws, every weight 1 (N p = 1 below)
+        if not prioritised:  # uniform draws, every weight 1
             drawn = (self.rng.integers(0, self.num_samples, size=total * num_steps) if self.config.replacement
                      else np.concatenate([self._uniform_distinct(total) for _ in range(num_steps)]))
-            p_drawn = np.full(drawn.size, 1.0 / self.num_samples)
         elif self.config.replacement:
             drawn = self._draw(total * num_steps, mix)
             p_drawn = self.probabilities(drawn, first_step)
         bounds = [0, *itertools.accumulate(sizes)]  # worker i gets [bounds[i], bounds[i+1])
         out = []
         for k in range(num_steps):
-            if self.config.replacement or not prioritised:
-                indices, p = drawn[k * total:(k + 1) * total], p_drawn[k * total:(k + 1) * total]
+            if not prioritised:
+                indices, weights = drawn[k * total:(k + 1) * total], np.ones(total, dtype=np.float32)
             else:
-                indices = self._draw_distinct(total, mix)
-                p = self.probabilities(indices, first_step)
-            beta = self.beta(first_step + k) if prioritised else 0.0
-            # (N p)^-beta; the floor only matters for a uniform fill of replacement=False at mix 0 (p = 0)
-            weights = np.power(np.maximum(self.num_samples * p, 1e-12), -beta)
-            if weights.size:
-                weights /= weights.max()
-            weights = weights.astype(np.float32)
+                if self.config.replacement:
+                    indices, p = drawn[k * total:(k + 1) * total], p_drawn[k * total:(k + 1) * total]
+                else:
+                    indices = self._draw_distinct(total, mix)
+                    p = self.probabilities(indices, first_step)
+                # (N p)^-beta; the floor only matters for a uniform fill of replacement=False at mix 0 (p = 0)
+                weights = np.power(np.maximum(self.num_samples * p, 1e-12), -self.beta(first_step + k))
+                if weights.size:
+                    weights /= weights.max()
+                weights = weights.astype(np.float32)
             out.append(SamplePlan(step=first_step + k, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
                                   weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:]))))
         self.samples_drawn += total * num_steps

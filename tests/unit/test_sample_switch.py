@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pdml_ray.config import SamplePriorityConfig
+from pdml_ray.errors import ReportError
 from pdml_ray.priority.sample import SamplePrioritizer
 from pdml_ray.priority.sample_switch import (_VERDICT_PATIENCE, FIRST_PROBE, MAX_GAP, MIN_GAP, PROBE_LEN, PaySwitch,
                                              ab_gain, predicted_gain)
@@ -174,3 +175,21 @@ def test_the_predicted_gain_counts_the_unseen_group_at_its_score():
     diluted = predicted_gain(s, s / s.mean(), group=(0.9, s.mean(), 1.0))
     expected = (0.1 * np.mean(s * s) + 0.9 * s.mean() ** 2) / (0.1 * s.mean() ** 2 + 0.9 * s.mean() ** 2)
     assert diluted == pytest.approx(expected) and 1.0 < diluted < 1.15 < alone
+
+
+def test_while_off_the_table_takes_only_the_losses_a_probe_measures():
+    n = 2000
+    sp = SamplePrioritizer(n, SamplePriorityConfig(pay_threshold=1.0, unseen_score="mean"), seed=0)
+    losses = np.random.default_rng(1).exponential(size=n)  # spread scores: the gate lets the probe run
+    taken = []
+    for i in range(FIRST_PROBE + 2 * PROBE_LEN + 2):
+        plans = sp.plans(i * STEPS, STEPS, [64])
+        idx = np.concatenate([p.indices[0] for p in plans])
+        before = sp.skipped_losses
+        sp.update(idx, losses[idx], i * STEPS + STEPS - 1)
+        taken.append(sp.skipped_losses == before)
+    # the pair before the first probe (intervals 2, 3), the probe's (4, 5) and the pair after (6, 7)
+    assert taken == [False, False] + [True] * 2 * (PROBE_LEN + 1) + [False, False]
+    assert sp.stats().skipped_losses == 4 * STEPS * 64 and sp.stats().switches_on == 0
+    with pytest.raises(ReportError, match="indices"):  # a skipped update still refuses bad input
+        sp.update(np.array([n]), np.array([1.0]), 9 * STEPS)
