@@ -17,7 +17,7 @@ from pdml_ray.pipeline.osprey import OspreySchedule
 from pdml_ray.pipeline.plan import Plan
 from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
-from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages, run_gloo_ranks
+from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages, posted_in_send_order, run_gloo_ranks
 
 MICROBATCHES = 4
 TOLERANCE = 1e-5
@@ -51,13 +51,33 @@ def test_a_plan_of_several_replicas_is_refused_with_the_fix() -> None:
         torch_orders.torch_actions(plan)
 
 
+def _lowered(plan: Plan, defer: bool) -> tuple[dict[int, list[Any]], dict[int, int]]:
+    """torch's lowering of ``plan`` (sends, receives, REDUCE_GRAD), receives deferred or not, and its stage -> rank."""
+    schedules = torch_orders.torch_schedules()
+    stage_rank = dict(enumerate(plan.stage_rank or range(plan.num_stages)))
+    order = schedules._add_send_recv({r: schedules._add_reduce_grad(a, plan.num_microbatches)
+                                      for r, a in torch_orders.torch_actions(plan).items()},
+                                     stage_to_rank=stage_rank.__getitem__, num_stages=plan.num_stages)
+    return (schedules._defer_recv_ops(order, stage_rank.__getitem__) if defer else order), stage_rank
+
+
+def test_receives_deferred_out_of_their_senders_order_are_caught() -> None:
+    # One stage per rank: deferring keeps each pair's messages in order. Two chunks per rank (looped):
+    # torch's deferral posts rank 1's receives from rank 0 in another order than rank 0 sends them.
+    one_f_one_b = make_schedule("1f1b", stages=2, replicas=1, microbatches=MICROBATCHES).plan(0)
+    interleaved = torch_orders.torch_interleaved_zb_plan(2, MICROBATCHES, 2)
+    assert posted_in_send_order(*_lowered(one_f_one_b, defer=True))
+    assert posted_in_send_order(*_lowered(interleaved, defer=False))
+    assert not posted_in_send_order(*_lowered(interleaved, defer=True))
+
+
 def _model() -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
                                torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 
 
-def _grads_after_one_step(rank: int, world_size: int, plans: dict[str, dict[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+def _grads_after_one_step(rank: int, world_size: int, plans: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """On this rank: one step of torch's Schedule1F1B, then of each plan on TorchPlanRuntime, each from the
     same initial model; the gradients of this rank's layers per run, by parameter name."""
     from torch.distributed.pipelining import Schedule1F1B
@@ -65,7 +85,7 @@ def _grads_after_one_step(rank: int, world_size: int, plans: dict[str, dict[str,
     base, cpu = _model(), torch.device("cpu")
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(8, 8, generator=gen), torch.randn(8, 4, generator=gen)
-    out: dict[str, dict[str, np.ndarray]] = {}
+    out: dict[str, Any] = {}
     for name, data in {"torch Schedule1F1B": plans["1f1b"], **plans}.items():
         model, plan = copy.deepcopy(base), Plan.from_dict(data)
         stages = pipeline_stages(model, plan, rank, cpu)
@@ -75,6 +95,7 @@ def _grads_after_one_step(rank: int, world_size: int, plans: dict[str, dict[str,
             runtime = TorchPlanRuntime(stages, MICROBATCHES, loss_fn=torch.nn.functional.mse_loss)
             runtime.load(plan)
             runtime.step(x, target=y)
+            out[f"{name} receives deferred"] = runtime.receives_deferred
         out[name] = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
     return out
 
@@ -95,6 +116,10 @@ def test_plans_on_torchs_runtime_give_schedule1f1bs_gradients_on_two_gloo_ranks(
     assert osprey.split_backward or osprey.stage_rank is not None, osprey  # not 1F1B's order again
     ranks = run_gloo_ranks(_grads_after_one_step, 2, {"1f1b": one_f_one_b.to_dict(), "osprey": osprey.to_dict()},
                            start_method="fork")  # no Ray in the unit tier: forked ranks skip importing torch again
+    # The 1f1b plan runs with deferred receives (gloo); osprey's two-chunk plan falls back to torch's
+    # own posting order, which its deferral would break (test above).
+    assert [r.pop("1f1b receives deferred") for r in ranks] == [True, True]
+    assert [r.pop("osprey receives deferred") for r in ranks] == [False, False]
     runs = {name: {k: v for r in ranks for k, v in r[name].items()} for name in ranks[0]}
     reference = runs.pop("torch Schedule1F1B")
     assert len(reference) == 8 and all(np.abs(g).max() > 1e-4 for g in reference.values())  # every layer learned
