@@ -14,8 +14,8 @@ warm start); one record per scenario cell, with medians and the worst seed over 
 
 ``slow-stage`` (one stage slowed for good) also runs layer re-balancing (``PipelineConfig.rebalance``,
 ``pdml_ray.pipeline.rebalance``) through the same scheduler path, the simulator moving the layers at the
-step each move names: osprey over F and B (the Ray-actor runtime's plans: re-balancing reads one stage
-per rank) and 1F1B, each with and without it, reported as ratios (``rebalance``): re-balanced over not
+step each move names: osprey as in every scenario, osprey over F and B only (the Ray-actor runtime's
+plans) and 1F1B, each with and without it, reported as ratios (``rebalance``): re-balanced over not
 (mean over the same steps as every figure, and at the last step, after the move), and over the best
 static order. The issue names no target for it. ``--quick`` leaves it out unless named
 (``default_scenarios``): its re-balancing runs double its cost.
@@ -30,8 +30,9 @@ from pdml_ray.errors import ConfigError
 from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES
 from pdml_ray.pipeline.scenarios import SCENARIOS, ScenarioConfig
 
-REBALANCED = {"osprey-fb": "osprey", "1f1b": "1f1b"}
-"""The schedules ``slow-stage`` runs with and without layer re-balancing (osprey-fb: osprey over F and B only)."""
+REBALANCED = {"osprey": ("osprey", "any"), "osprey-fb": ("osprey", "full-backward"), "1f1b": ("1f1b", "full-backward")}
+"""The schedules ``slow-stage`` runs with and without layer re-balancing, and osprey's ``plans`` (osprey: as in
+every scenario; osprey-fb: over F and B only, what the Ray-actor runtime runs)."""
 QUICK_LEAVES_OUT = ("slow-stage",)
 """Scenarios ``--quick`` runs only when named (``--scenarios slow-stage``)."""
 SKIP_STEPS = 2
@@ -106,18 +107,18 @@ def _rebalance_runs(profile: Any, stages: int, replicas: int, microbatches: int,
                     config: ScenarioConfig | None, best_static_s: float) -> dict[str, Any]:
     """``slow-stage`` with and without layer re-balancing, for each of ``REBALANCED``: mean makespans (same
     steps as the other schedules), the moves made, and the ratios."""
-    from pdml_ray.config import PDMLConfig, PipelineConfig, RebalanceConfig
+    from pdml_ray.config import OspreyConfig, PDMLConfig, PipelineConfig, RebalanceConfig
     from pdml_ray.pipeline.scenarios import scenario_layers
     from pdml_ray.pipeline.simulate import PipelineSimulator, simulate_schedule
     from pdml_ray.runtime.pipeline_plans import ScheduledPlans
 
     layers, cuts = scenario_layers(stages, config)
     out: dict[str, Any] = {}
-    for label, schedule in REBALANCED.items():
+    for label, (schedule, plan_set) in REBALANCED.items():
         makespan, last, moves = {}, {}, []
         for on in (False, True):
-            pipeline = PipelineConfig(schedule=schedule, memory_limit=profile.memory_limit,
-                                      rebalance=RebalanceConfig(enabled=on))
+            pipeline = PipelineConfig(schedule=schedule, memory_limit=profile.memory_limit, transfer_s=profile.transfer_s,
+                                      osprey=OspreyConfig(plans=plan_set), rebalance=RebalanceConfig(enabled=on))
             plans = ScheduledPlans(PDMLConfig(pipeline=pipeline), stages=stages, replicas=replicas,
                                    microbatches=microbatches, in_process=True,
                                    layers=[f + b for f, b in zip(layers.forward_s, layers.backward_s)], cuts=cuts)

@@ -7,7 +7,8 @@ snapshots); the simulator (``simulate_schedule``'s ``moves``) and the Ray-actor 
 (``PipelineRuntime``, which moves the layers' parameters and optimizer state) carry it out.
 
 Model. ``stage_seconds`` turns a step's latencies into each stage's seconds per micro-batch with its
-replicas working together (1 / sum over replicas of 1 / each replica's mean F + B per micro-batch).
+replicas working together (1 / sum over replicas of 1 / each replica's mean F + B per micro-batch; a
+plan of two chunks per rank counts on its ranks).
 Each layer has a relative cost (parameter counts in the runtime, the scenario's in the simulator); a
 stage of summed cost W_k measured at T_k s runs c_k = T_k / W_k seconds per unit of cost on its devices,
 and after a move it is predicted to take c_k x its new W_k.
@@ -115,19 +116,24 @@ class LayerMove:
             raise PlanError(f"a layer move's fields must be integers and lists of numbers: {e}") from None
 
 
-def stage_seconds(rows: Sequence[tuple[int, int, str, int, float]], stages: int) -> tuple[float, ...] | None:
+def stage_seconds(rows: Sequence[tuple[int, int, str, int, float]], stages: int,
+                  stage_rank: Sequence[int] | None = None) -> tuple[float, ...] | None:
     """Seconds per micro-batch of each stage in one step, its replicas together, from the step's latency
     rows (stage, replica, kind, micro-batch, seconds): 1 / sum_r 1 / t_r, t_r being replica r's busy
-    seconds (F, B, I and W) per forward it ran. None when a stage has no forward in the rows, or the rows
-    are of a plan with virtual stages (more than ``stages``): those steps say nothing about one stage."""
+    seconds (F, B, I and W) per micro-batch it ran forward. A plan of virtual stages (two chunks per rank)
+    names its ranks in ``stage_rank``; its chunks' rows add up on their rank. None when a stage has no
+    forward in the rows, or the rows name virtual stages and ``stage_rank`` does not map them."""
+    chunks = len(stage_rank) // stages if stage_rank is not None else 1
     busy: dict[tuple[int, int], float] = {}
-    forwards: dict[tuple[int, int], int] = {}
+    forwards: dict[tuple[int, int], float] = {}
     for k, r, kind, _, seconds in rows:
-        if k >= stages:
+        if stage_rank is not None and k < len(stage_rank):
+            k = stage_rank[k]
+        elif k >= stages:
             return None
         busy[(k, r)] = busy.get((k, r), 0.0) + seconds
-        if kind == "F":
-            forwards[(k, r)] = forwards.get((k, r), 0) + 1
+        if kind == "F":  # a micro-batch runs one forward per chunk on its rank
+            forwards[(k, r)] = forwards.get((k, r), 0.0) + 1.0 / chunks
     out = []
     for k in range(stages):
         rates = [forwards[key] / busy[key] for key in forwards if key[0] == k and busy[key] > 0]

@@ -108,6 +108,8 @@ class PipelineDeriver(Deriver):
         self.plan_s = 0.0
         self.observations_rejected = 0
         self.rebalancer: Rebalancer | None = None
+        self._stage_ranks: dict[int, list[int] | None] = {}
+        """Step -> its plan's ranks of virtual stages (None: one stage per rank), until its latencies come."""
 
     # -- events -------------------------------------------------------------------------------------
     def on_shape(self, shape: Mapping[str, Any]) -> None:
@@ -204,7 +206,8 @@ class PipelineDeriver(Deriver):
             return
         self.schedule.observe([Measurement(k, r, Kind(kind), mb, float(s)) for k, r, kind, mb, s in rows])
         if self.rebalancer is not None:
-            self.rebalancer.observe(step, stage_seconds(rows, self.rebalancer.stages))
+            ranks = self._stage_ranks.pop(step, None)
+            self.rebalancer.observe(step, stage_seconds(rows, self.rebalancer.stages, ranks))
         self.steps_observed += 1
 
     # -- the protocol -------------------------------------------------------------------------------
@@ -217,7 +220,13 @@ class PipelineDeriver(Deriver):
         t0 = time.perf_counter()
         plan = self.schedule.plan(boundary.first_step)
         record = self.schedule.last_decision
-        move = self.rebalancer.decide(boundary.first_step) if self.rebalancer is not None else None
+        move = None
+        if self.rebalancer is not None:
+            move = self.rebalancer.decide(boundary.first_step)
+            # The step's latencies come after the next plan: keep its ranks a few steps (none come for a step
+            # whose run failed).
+            self._stage_ranks = {t: v for t, v in self._stage_ranks.items() if t > boundary.first_step - 8}
+            self._stage_ranks[boundary.first_step] = list(plan.stage_rank) if plan.stage_rank is not None else None
         self.plan_s += time.perf_counter() - t0
         self.plans += 1
         return MicroBatchPlan(version=-1, effective_step=-1, plan=plan,
@@ -238,7 +247,8 @@ class PipelineDeriver(Deriver):
     def state_dict(self) -> dict[str, Any]:
         return {"shape": self.shape, "steps_observed": self.steps_observed, "plans": self.plans,
                 "schedule": self.schedule.state_dict() if self.schedule is not None else None,
-                "rebalance": self.rebalancer.state_dict() if self.rebalancer is not None else None}
+                "rebalance": self.rebalancer.state_dict() if self.rebalancer is not None else None,
+                "stage_ranks": [[t, v] for t, v in sorted(self._stage_ranks.items())]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or not {"shape", "steps_observed", "schedule"} <= set(state):
@@ -254,6 +264,12 @@ class PipelineDeriver(Deriver):
         self.plans = int(state.get("plans", 0))
         if self.rebalancer is not None and state.get("rebalance") is not None:
             self.rebalancer.load_state_dict(state["rebalance"])
+            try:
+                self._stage_ranks = {int(t): [int(k) for k in v] if v is not None else None
+                                     for t, v in state.get("stage_ranks", [])}
+            except (TypeError, ValueError):
+                raise StateError("saved pipeline axis stage_ranks must be [step, ranks or null] pairs, as "
+                                 "PipelineDeriver.state_dict() writes them") from None
 
 
 def _index(x: object, n: int) -> bool:

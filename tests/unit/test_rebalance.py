@@ -57,7 +57,12 @@ def test_stage_seconds_combine_replicas_as_rates():
     # replica 0: 3 s per micro-batch, replica 1: 6 s; together 1 / (1/3 + 1/6) = 2 s per micro-batch
     assert stage_seconds(rows, 1) == pytest.approx((2.0,))
     assert stage_seconds(rows, 2) is None  # stage 1 ran nothing: the step says nothing about it
-    assert stage_seconds([(2, 0, "F", 0, 1.0)], 2) is None  # a plan of virtual stages
+    assert stage_seconds([(2, 0, "F", 0, 1.0)], 2) is None  # a plan of virtual stages, their ranks not told
+    # A V of two chunks per rank (virtual stages 0 and 3 on rank 0, 1 and 2 on rank 1): a micro-batch's
+    # chunks add up on their rank, 3 s on rank 0 and 6 s on rank 1.
+    v = [(0, 0, "F", 0, 0.5), (1, 0, "F", 0, 1.0), (2, 0, "F", 0, 1.0), (3, 0, "F", 0, 0.5),
+         (3, 0, "B", 0, 1.0), (2, 0, "B", 0, 2.0), (1, 0, "B", 0, 2.0), (0, 0, "B", 0, 1.0)]
+    assert stage_seconds(v, 2, (0, 1, 1, 0)) == pytest.approx((3.0, 6.0))
 
 
 def test_a_stage_slowed_2x_persistently_loses_layers_and_the_predicted_times_level():
