@@ -183,14 +183,14 @@ class PipelineRuntime(FaultHandling):
         start = time.perf_counter()
         plan = scheduler.plan(step)
         self._check_plan(plan)
-        move = scheduler.layer_move(step) if isinstance(scheduler, ScheduledPlans) else None
-        if move is not None:
-            self.apply_layer_move(move)
         lost = [k for k in range(self.num_stages) if not self._alive(k)]
         if lost:
             raise PipelineFaultError(f"step {step}: stage {lost[0]} has no live replica (all of "
                                      f"{self.replicas[lost[0]]} died: {self._deaths(lost[0])}); this runtime "
                                      "cannot run more steps: start a new one")
+        move = scheduler.layer_move(step) if isinstance(scheduler, ScheduledPlans) else None
+        if move is not None:
+            self.apply_layer_move(move)
         m_count, batch = plan.num_microbatches, inputs.shape[0]
         if targets.shape[0] != batch or batch < m_count:
             raise PlanError(f"a batch of {batch} inputs and {targets.shape[0]} targets cannot feed "
