@@ -8,6 +8,7 @@ The modules:
     common.py              the flags, machine facts, JSON output and table every benchmark shares
     hetero.py              ``bench hetero``, uniform shares vs node priorities
     sampling.py            ``bench sampling``, uniform vs loss-priority sampling, with ablations
+    sampling_rho.py        ``bench sampling``'s irreducible-loss models for its rho-loss arms
     pipeline.py            ``bench pipeline``, schedules on the simulator grid
     pipeline_actors.py     ``bench pipeline``'s Ray-actor half (sleep compute mode)
     pipeline_planning.py   ``bench pipeline``'s planning section: the driver's time blocked on plans
