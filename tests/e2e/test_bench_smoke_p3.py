@@ -15,10 +15,10 @@ ROW = {"runtime", "settings", "compute_ms", "comm_over_compute", "iteration_s", 
 def test_bench_p3_quick_writes_rows_for_both_runtimes(tmp_path):
     out = tmp_path / "p3.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # one row per runtime (the library's slicing, 150 ms of emulated compute, comm = compute): the smoke
+    # one row per runtime (the library's slicing, 150 ms of emulated compute, comm = compute, 2 measured steps): the smoke
     # check of the product path; every setting of the grid is the benchmark's own business
     run = subprocess.run([sys.executable, "-m", "pdml_ray.cli", "bench", "p3", "--quick", "--ratios", "1", "--settings",
-                          "library", "--compute-ms", "150", "--json", str(out)],
+                          "library", "--compute-ms", "150", "--steps", "2", "--json", str(out)],
                          capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
