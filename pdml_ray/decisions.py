@@ -318,6 +318,10 @@ class SamplePlan:
     step: int
     indices: tuple[np.ndarray, ...]
     weights: tuple[np.ndarray, ...]
+    backprop_threshold: float | None = None
+    """selective-backprop: the cluster's loss percentile (the ``1 - backprop_share`` quantile of the last
+    losses the scheduler's table took from every worker); each worker backpropagates its samples at or
+    above it. None: each worker's own percentile."""
 
     def validate(self, batch_sizes: tuple[int, ...] | None = None, num_samples: int | None = None) -> None:
         """Raise PlanError unless every worker has a 1-D integer index array and a float weight array of
@@ -344,16 +348,25 @@ class SamplePlan:
                 raise PlanError(f"sample plan step {self.step}: worker {i} index out of [0, {num_samples})")
             if len(w) and not (np.all(np.isfinite(w)) and w.min() >= 0):
                 raise PlanError(f"sample plan step {self.step}: worker {i} has negative or non-finite weights")
+        if self.backprop_threshold is not None and not (isinstance(self.backprop_threshold, (int, float))
+                                                        and math.isfinite(self.backprop_threshold)):
+            raise PlanError(f"sample plan step {self.step}: backprop_threshold must be a finite number or None, "
+                            f"got {self.backprop_threshold!r}")
 
     def to_dict(self) -> dict:
         """Plain fields; the index and weight arrays stay numpy arrays (``pdml_ray.state_format`` stores them)."""
-        return {"step": self.step, "indices": list(self.indices), "weights": list(self.weights)}
+        out = {"step": self.step, "indices": list(self.indices), "weights": list(self.weights)}
+        if self.backprop_threshold is not None:
+            out["backprop_threshold"] = self.backprop_threshold
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SamplePlan":
         """The plan ``to_dict`` wrote; PlanError unless it is well formed (``validate``)."""
-        _check_fields(d, "sample plan", {"step": _integer, "indices": _sequence, "weights": _sequence}, {})
-        plan = cls(step=int(d["step"]), indices=tuple(d["indices"]), weights=tuple(d["weights"]))
+        _check_fields(d, "sample plan", {"step": _integer, "indices": _sequence, "weights": _sequence},
+                      {"backprop_threshold": float})
+        plan = cls(step=int(d["step"]), indices=tuple(d["indices"]), weights=tuple(d["weights"]),
+                   backprop_threshold=d.get("backprop_threshold"))
         plan.validate()
         return plan
 

@@ -64,6 +64,7 @@ from pdml_ray.priority.estimators import EMA
 from pdml_ray.priority.sample_draws import SampleDraws
 from pdml_ray.priority.sample_modes import mode_rule
 from pdml_ray.priority.sample_switch import PaySwitch
+from pdml_ray.priority.selective_backprop import LossWindow
 from pdml_ray.priority.sumtree import SumTree
 
 CLIP_FACTOR = 1e6
@@ -190,6 +191,10 @@ class SamplePrioritizer(SampleDraws):
         self.switch_rng = np.random.default_rng(seed + 5)     # the pay switch's sample (not the draws' stream)
         # (N,) irreducible loss per sample (rho-loss; 0 where none was given): the score is loss minus it
         self.irreducible = np.zeros(n) if self.rule.reducible else None
+        # selective-backprop: the cluster's recent losses, whose percentile the plans hand out (not saved:
+        # a resumed run refills it from the next reports)
+        self.recent_losses = (LossWindow(self.config.percentile_window) if self.config.mode == "selective-backprop"
+                              else None)
         self.monitor = ContinuityMonitor(continuity, seed=seed + 1, name="sample priorities") if continuity else None
         self.rng = np.random.default_rng(seed)
         self.scale_rng = np.random.default_rng(seed + 3)      # the robust scale's sample (not the draws' stream)
@@ -320,6 +325,8 @@ class SamplePrioritizer(SampleDraws):
             raise ReportError(f"update: {problem}")
         ok = np.isfinite(loss)
         idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
+        if self.recent_losses is not None:
+            self.recent_losses.add(loss)
         if self.irreducible is not None:  # rho-loss: the reducible part, never below 0
             loss = np.maximum(loss - self.irreducible[idx], 0.0)
         if self.switch.threshold is not None and self.rule.prioritised and idx.size:

@@ -50,6 +50,7 @@ from pdml_ray.decisions import MAX_STEP, SamplePlan
 from pdml_ray.errors import PlanError, shown
 from pdml_ray.priority.sample_modes import ModeRule
 from pdml_ray.priority.sample_switch import GAIN_ITEMS, PaySwitch, predicted_gain
+from pdml_ray.priority.selective_backprop import LossWindow
 from pdml_ray.priority.sumtree import SumTree
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ logger = logging.getLogger(__name__)
 _MAX_PLAN_SAMPLES = 1 << 28  # indices one plans() call may hand out (2 GiB of int64 plus weights)
 
 _MAX_REJECTION_ROUNDS = 64
+_MIN_THRESHOLD_LOSSES = 64  # losses the cluster's percentile needs before plans carry it (fewer: noise)
 
 
 class SampleDraws:
@@ -80,6 +82,7 @@ class SampleDraws:
     rule: ModeRule
     switch: PaySwitch
     switch_rng: np.random.Generator
+    recent_losses: LossWindow | None
 
     if TYPE_CHECKING:
         @property
@@ -141,6 +144,14 @@ class SampleDraws:
     def _mass(self) -> tuple[float, float]:
         """(tree mass, unseen-group mass): sum of s^alpha over seen samples, U * M^alpha."""
         return self.tree.total, self.unseen_count * self._unseen_weight()
+
+    def backprop_threshold(self) -> float | None:
+        """selective-backprop: the cluster's ``1 - backprop_share`` quantile of the last
+        ``percentile_window`` losses the table took from every worker, which the plans carry (None in
+        other modes, and while fewer than 64 losses arrived: each worker then uses its own)."""
+        if self.recent_losses is None or len(self.recent_losses) < _MIN_THRESHOLD_LOSSES:
+            return None
+        return self.recent_losses.quantile(1.0 - self.config.backprop_share)
 
     def probabilities(self, indices: np.ndarray, step: int) -> np.ndarray:
         """p_i of ``indices`` (float64, same shape) under the distribution used at ``step``."""
@@ -249,6 +260,7 @@ class SampleDraws:
             drawn = self._draw(total * num_steps, mix)
             p_drawn = self.probabilities(drawn, first_step)
         bounds = [0, *itertools.accumulate(sizes)]  # worker i gets [bounds[i], bounds[i+1])
+        threshold = self.backprop_threshold()
         out = []
         for k in range(num_steps):
             if not prioritised:
@@ -265,7 +277,8 @@ class SampleDraws:
                     weights /= weights.max()
                 weights = weights.astype(np.float32)
             out.append(SamplePlan(step=first_step + k, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
-                                  weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:]))))
+                                  weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:])),
+                                  backprop_threshold=threshold))
         self.samples_drawn += total * num_steps
         self._last_mix, self._last_beta = mix, self.beta(first_step + num_steps - 1) if prioritised else 0.0
         self.switch.record_selection(time.perf_counter() - t0, num_steps)

@@ -7,9 +7,13 @@ are backpropagated (at least one per non-empty batch: the highest). The rest wer
 cost a forward pass and are counted apart (``forward_only``). O(window) per batch (one
 ``np.partition``), a few microseconds at the default 4,096.
 
-This is a per-worker percentile. It is biased on purpose: the backpropagated loss is the mean over
-the chosen samples, which over-represents high losses (the paper's trade: fewer backward passes,
-more useful ones).
+Per worker by default; where the scheduler's table is on, its plans carry the cluster's percentile
+(``SamplePlan.backprop_threshold``: the same quantile over the last ``window`` losses every worker
+reported, ``LossWindow`` in the table) and each worker selects by it, so a worker whose losses run
+high (a harder shard, a different loss scale) backpropagates more of its batch than one whose losses
+run low, as a single worker over the global batch would. It is biased on purpose: the
+backpropagated loss is the mean over the chosen samples, which over-represents high losses (the
+paper's trade: fewer backward passes, more useful ones).
 """
 
 from __future__ import annotations
@@ -19,40 +23,27 @@ import numpy as np
 from pdml_ray.errors import ConfigError
 
 
-class BackpropSelector:
-    """Which samples of each batch to backpropagate, by their loss's percentile among recent losses."""
+class LossWindow:
+    """The last ``window`` finite per-sample losses (a ring buffer) and their quantiles."""
 
-    def __init__(self, share: float, window: int) -> None:
-        if not (0.0 < share <= 1.0) or window < 1:
-            raise ConfigError(f"BackpropSelector needs 0 < share <= 1 and window >= 1 (sample_priority."
-                              f"backprop_share, percentile_window), got {share!r}, {window!r}")
-        self.share = float(share)
+    def __init__(self, window: int) -> None:
         self._ring = np.empty(int(window))  # recent per-sample losses
         self._size = 0                      # filled part of the ring
         self._next = 0                      # where the next loss goes
-        self.trained = 0                    # samples backpropagated so far
-        self.forward_only = 0               # samples forwarded and not backpropagated
 
-    def select(self, losses: np.ndarray) -> np.ndarray:
-        """A bool mask (B,) over one batch's per-sample losses (float (B,)): True = backpropagate.
-        Non-finite losses are never chosen (and never enter the history)."""
-        losses = np.asarray(losses, dtype=np.float64).ravel()
-        finite = np.isfinite(losses)
-        self._remember(losses[finite])
-        mask = np.zeros(losses.size, dtype=bool)
-        if finite.any():
-            history = self._ring[:self._size]
-            k = min(int(np.floor((1.0 - self.share) * history.size)), history.size - 1)
-            threshold = np.partition(history, k)[k]  # the (1 - share) quantile, a value of the history
-            mask = finite & (losses >= threshold)
-            if not mask.any():  # every finite loss below the history's quantile: train the batch's highest
-                mask[np.flatnonzero(finite)[np.argmax(losses[finite])]] = True
-        chosen = int(mask.sum())
-        self.trained += chosen
-        self.forward_only += losses.size - chosen
-        return mask
+    def __len__(self) -> int:
+        return self._size
 
-    def _remember(self, losses: np.ndarray) -> None:
+    def quantile(self, q: float) -> float:
+        """The q quantile (0 <= q < 1) of the window, a value of it (nan while it is empty). O(window)."""
+        if self._size == 0:
+            return float("nan")
+        history = self._ring[:self._size]
+        k = min(int(np.floor(q * history.size)), history.size - 1)
+        return float(np.partition(history, k)[k])
+
+    def add(self, losses: np.ndarray) -> None:
+        """Remember ``losses`` (float (B,), finite), the oldest leaving once the window is full."""
         window = self._ring.size
         losses = losses[-window:]
         end = self._next + losses.size
@@ -64,3 +55,36 @@ class BackpropSelector:
             self._ring[:end - window] = losses[cut:]
         self._next = end % window
         self._size = min(self._size + losses.size, window)
+
+
+class BackpropSelector:
+    """Which samples of each batch to backpropagate, by their loss's percentile among recent losses."""
+
+    def __init__(self, share: float, window: int) -> None:
+        if not (0.0 < share <= 1.0) or window < 1:
+            raise ConfigError(f"BackpropSelector needs 0 < share <= 1 and window >= 1 (sample_priority."
+                              f"backprop_share, percentile_window), got {share!r}, {window!r}")
+        self.share = float(share)
+        self.history = LossWindow(window)  # this worker's recent losses
+        self.trained = 0                    # samples backpropagated so far
+        self.forward_only = 0               # samples forwarded and not backpropagated
+
+    def select(self, losses: np.ndarray, threshold: float | None = None) -> np.ndarray:
+        """A bool mask (B,) over one batch's per-sample losses (float (B,)): True = backpropagate.
+        ``threshold``: the cluster's percentile from the plan (``SamplePlan.backprop_threshold``);
+        None: this worker's own, over its history with the batch in it. Non-finite losses are never
+        chosen (and never enter the history)."""
+        losses = np.asarray(losses, dtype=np.float64).ravel()
+        finite = np.isfinite(losses)
+        self.history.add(losses[finite])
+        mask = np.zeros(losses.size, dtype=bool)
+        if finite.any():
+            if threshold is None:
+                threshold = self.history.quantile(1.0 - self.share)
+            mask = finite & (losses >= threshold)
+            if not mask.any():  # every finite loss below the threshold: train the batch's highest
+                mask[np.flatnonzero(finite)[np.argmax(losses[finite])]] = True
+        chosen = int(mask.sum())
+        self.trained += chosen
+        self.forward_only += losses.size - chosen
+        return mask

@@ -273,7 +273,8 @@ class PDMLContext:
                 plan = self._plans.pop(step, None) or self._uniform_plan(step)
                 sizes = [len(i) for i in plan.indices]
                 yield StepBatch(step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
-                                self.decision_at(step).version, plan.weights[self.rank], end_offset=k + 1)
+                                self.decision_at(step).version, plan.weights[self.rank], end_offset=k + 1,
+                                backprop_threshold=plan.backprop_threshold)
                 step += 1
 
     def _epoch_end(self, num_samples: int) -> int:

@@ -66,6 +66,7 @@ class StepBatch:
     decision_version: int
     sample_weights: np.ndarray | None = None  # float32 (b_i,) importance weights; None = uniform
     end_offset: int = 0  # position in the epoch once this step is done (a checkpoint resumes there)
+    backprop_threshold: float | None = None  # selective-backprop: the cluster's percentile (None: this worker's)
 
 
 @dataclass(slots=True)
@@ -280,7 +281,8 @@ class StepScope:
         w = self.batch.sample_weights
         selector = self.ctx.backprop_selector
         if selector is not None and b:
-            chosen = torch.as_tensor(selector.select(self._per_sample.float().cpu().numpy()),
+            chosen = torch.as_tensor(selector.select(self._per_sample.float().cpu().numpy(),
+                                                     self.batch.backprop_threshold),
                                      device=per_sample_loss.device)  # (b_i,) bool
             # the chosen mean as a mean over b_i (``_weighted`` divides by b_i): scale by b_i / chosen
             scale = b / max(int(chosen.sum()), 1)
