@@ -22,6 +22,10 @@ beside it. The simulated grid runs on no device at all.
 The ``ray`` section runs the real Ray-actor pipeline (``pdml_ray.bench.pipeline_actors``) with one
 EMULATED slow replica; by default compute is EMULATED too (``--compute sleep``): six actors on two
 cores cannot show a schedule's effect with real compute. It reports paired per-round ratios.
+
+The ``torch_runtime`` section (``pdml_ray.bench.pipeline_torch``; ``--no-torch-runtime`` skips it) runs
+registry plans on torch.distributed.pipelining's own runtime against torch's schedule classes running
+the same order: two gloo ranks, real compute, nothing emulated but osprey's latencies.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="non-stationary scenarios to run, comma-separated from "
                              "homogeneous,drift,uneven,comm-delay,memory-cap,slow-stage (default all, but slow-stage "
                              "only when named with --quick; 'none' skips them)")
+    parser.add_argument("--no-torch-runtime", action="store_true",
+                        help="skip the torch-runtime section (registry plans on torch.distributed.pipelining's runtime "
+                             "vs torch's own schedule classes, two gloo ranks, a few seconds)")
     parser.add_argument("--ray-steps", type=int, help="timed rounds of the Ray-actor comparison (default 16, quick 6)")
     # The Ray-actor run's compute defaults to sleep here: real compute on a few shared cores measures
     # CPU contention, not the schedule.
@@ -216,6 +223,22 @@ def run_planning(args: argparse.Namespace) -> dict[str, Any]:
             ray.shutdown()
 
 
+def run_torch_runtime(args: argparse.Namespace) -> dict[str, Any]:
+    """Registry plans on torch's own pipeline runtime vs torch's schedule classes (``pdml_ray.bench.pipeline_torch``)."""
+    from pdml_ray.bench.pipeline_torch import TARGETS as TORCH_RUNTIME_TARGETS, measure_torch_runtime
+
+    if args.no_torch_runtime:
+        return {"skipped": "--no-torch-runtime", "targets": {}}
+
+    try:
+        return measure_torch_runtime(quick=args.quick, seed=args.seed)
+    except Exception as exc:  # a failed measurement must not discard the simulated grid, and misses its targets
+        error = f"{type(exc).__name__}: {exc}"
+        return {"error": error, "targets": {name: {"value": float("nan"), "target": target, "met": False,
+                                                   "basis": f"not measured: {error}"}
+                                            for name, target in TORCH_RUNTIME_TARGETS.items()}}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from pdml_ray.bench.common import finish, print_table
 
@@ -258,15 +281,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"ms planning in-process ({planning['actor_blocked_over_in_process']:.2f}x, target <= "
               f"{planning['target']['target']}); planning ahead costs osprey "
               f"{planning['plan_ahead_makespan_over_fresh']:.3f}x in simulated makespan")
+    from pdml_ray.bench.pipeline_torch import torch_runtime_line
+
+    torch_runtime = run_torch_runtime(args)
+    print(torch_runtime_line(torch_runtime))
+    for name, t in torch_runtime["targets"].items():
+        print(f"target {name}: {'met' if t['met'] else 'NOT met'} ({t['basis']}: {t['value']:.4g}, target {t['target']})")
+    targets.update(torch_runtime["targets"])
     from pdml_ray.pipeline.torch_orders import ADJUSTMENTS, SUPPORTED_TORCH
 
     result = {"grid": grid, "schedules": list(SCHEDULES), "baselines": list(BASELINES), "steps": steps,
               "torch_orders": {"torch": SUPPORTED_TORCH, "adjustments": {k: v for k, v in ADJUSTMENTS.items() if v}},
               "seeds": seeds, "summary": summary, "scenarios": scenarios, **speed, "targets": targets,
-              "ray": ray_section, "planning": planning,
+              "ray": ray_section, "planning": planning, "torch_runtime": torch_runtime,
               "compute": ray_section.get("compute", "none (Ray run skipped)"),
               "devices": {"grid": "none: discrete-event simulator, no model runs",
-                          "ray": "cpu" if "skipped" not in ray_section else "not run"},
+                          "ray": "cpu" if "skipped" not in ray_section else "not run",
+                          "torch_runtime": "cpu, gloo" if "pairs" in torch_runtime else "not run"},
               "wall_s": time.perf_counter() - t0}
     emulated = {"simulated": "discrete-event pipeline simulator (pdml_ray.pipeline.simulate); no model is trained "
                              "in the grid and no device is used",
@@ -282,10 +313,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                    "schedule's chunks each cost half their rank's stage (and hold half its activation)",
                 "ray": "one EMULATED slow replica in the Ray-actor run",
                 "planning": planning.get("emulated", "planning not measured"),
-                "compute": ray_section.get("emulated", "Ray run not made")}
+                "compute": ray_section.get("emulated", "Ray run not made"),
+                "torch_runtime": torch_runtime.get("emulated", "torch-runtime section not run")}
     # The machine record names the device that actually ran something: the CPU for the stage actors,
     # none at all when only the simulator ran.
-    used = argparse.Namespace(**{**vars(args), "device": "cpu" if "skipped" not in ray_section else "none"})
+    ran_on_cpu = "skipped" not in ray_section or "pairs" in torch_runtime
+    used = argparse.Namespace(**{**vars(args), "device": "cpu" if ran_on_cpu else "none"})
     return finish(used, result, emulated)
 
 

@@ -168,13 +168,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, results: Any, fn: Callable[..., Any],
-               args: tuple[Any, ...]) -> None:
+def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, backend: str, results: Any,
+               fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the machine's cores
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # rank r on GPU r
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
             results.put((rank, True, fn(rank, world_size, *args)))
@@ -184,25 +186,25 @@ def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, results:
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0,
-                   start_method: str = "spawn") -> list[Any]:
-    """``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a gloo process group on this
-    machine (each with its share of the cores); their return values in rank order. ``fn`` and its
-    results must pickle. A rank that fails raises PlanError with its traceback; ranks still running
-    after ``timeout_s`` seconds are stopped (gloo's own timeout is the same).
+def run_local_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+                    timeout_s: float = 120.0, start_method: str = "spawn") -> list[Any]:
+    """``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a process group on this
+    machine (gloo: each with its share of the cores; nccl: rank r on GPU r); their return values in rank
+    order. ``fn`` and its results must pickle. A rank that fails raises PlanError with its traceback;
+    ranks still running after ``timeout_s`` seconds are stopped (the process group's timeout is the same).
 
-    ``start_method`` 'spawn' (fresh interpreters: safe after Ray or threads) or 'fork' (seconds faster:
-    no imports; only from a process that runs no other threads, such as a Ray-free test)."""
+    ``start_method`` 'spawn' (fresh interpreters: safe after Ray, threads or CUDA) or 'fork' (seconds
+    faster: no imports; only from a process that runs no other threads, such as a Ray-free test)."""
     import multiprocessing
 
-    if world_size < 1 or start_method not in ("spawn", "fork"):
-        raise UsageError(f"run_gloo_ranks needs world_size >= 1 and start_method 'spawn' or 'fork', got "
-                         f"{world_size} and {start_method!r}")
+    if world_size < 1 or start_method not in ("spawn", "fork") or backend not in ("gloo", "nccl"):
+        raise UsageError(f"run_local_ranks needs world_size >= 1, start_method 'spawn' or 'fork' and backend 'gloo' "
+                         f"or 'nccl', got {world_size}, {start_method!r} and {backend!r}")
     ctx: Any = multiprocessing.get_context(start_method)  # results are plain data: no tensor sharing needed
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(rank, world_size, port, timeout_s, results, fn, args), daemon=True)
-             for rank in range(world_size)]
+    procs = [ctx.Process(target=_rank_main, args=(rank, world_size, port, timeout_s, backend, results, fn, args),
+                         daemon=True) for rank in range(world_size)]
     for p in procs:
         p.start()
     out: dict[int, Any] = {}
@@ -214,14 +216,14 @@ def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if r not in out and p.exitcode not in (None, 0)]
                 if dead:  # died before reporting (e.g. could not start: see its stderr)
-                    raise PlanError(f"gloo rank(s) {dead} of {world_size} exited with status "
+                    raise PlanError(f"{backend} rank(s) {dead} of {world_size} exited with status "
                                     f"{[procs[r].exitcode for r in dead]} before reporting; their stderr says why") from None
                 if time.monotonic() > deadline:
-                    raise PlanError(f"gloo ranks {sorted(set(range(world_size)) - set(out))} gave no result within "
+                    raise PlanError(f"{backend} ranks {sorted(set(range(world_size)) - set(out))} gave no result within "
                                     f"{timeout_s:g} s; raise timeout_s if the machine is loaded") from None
                 continue
             if not ok:
-                raise PlanError(f"gloo rank {rank} of {world_size} failed:\n{value}")
+                raise PlanError(f"{backend} rank {rank} of {world_size} failed:\n{value}")
             out[rank] = value
     finally:
         for p in procs:

@@ -16,7 +16,7 @@ FIGURES = {
     "sampling": {"steps_to_target_uniform", "steps_to_target_priority", "step_ratio", "time_to_target_uniform_s",
                  "time_to_target_priority_s", "time_ratio", "target_metric", "control", "sumtree", "ablations",
                  "arms", "ratio_direction", "continuity_overhead_fraction", "continuity_cost_at_1e7", "targets"},
-    "pipeline": {"grid", "ray", "planning"},
+    "pipeline": {"grid", "ray", "planning", "torch_runtime"},
     "scheduler": {"workers", "reports_per_s", "decision_latency_p50_s", "decision_latency_p99_s", "rss_mb_start",
                   "rss_mb_end", "plain_class", "targets"},
     "stragglers": {"workers", "stragglers", "straggler_model", "policies", "time_to_target_ratio_vs_sync",
@@ -70,3 +70,7 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
         assert ray_run["compute"] == result["compute"] == "sleep" and "EMULATED" in result["emulated"]["compute"]
         assert {"osprey_over_1f1b", "osprey_over_1f1b_weighted"} <= set(ray_run["paired"])
         assert result["machine"]["device"] == "cpu" and result["devices"]["grid"].startswith("none")
+        torch_runtime = result["torch_runtime"]  # registry plans on torch's own runtime, gradients as torch's class's
+        assert {"torch-1f1b", "torch-gpipe"} == set(torch_runtime["pairs"]), torch_runtime
+        assert all(p["grad_max_abs_diff"] <= 1e-5 for p in torch_runtime["pairs"].values())
+        assert {"torch_runtime_step_over_torch_class", "torch_runtime_planning_over_step"} <= set(result["targets"])

@@ -187,10 +187,11 @@ def test_bench_pipeline_refuses_cuda_and_records_no_device(tmp_path, capsys: pyt
     assert main(["bench", "pipeline", "--device", "cuda", "--no-ray"]) == 2
     assert "--device cuda is not supported" in capsys.readouterr().err
     out = tmp_path / "p.json"
-    assert main(["bench", "pipeline", "--quick", "--no-ray", "--seeds", "1", "--steps", "4", "--scenarios",
-                 "homogeneous,memory-cap", "--json", str(out)]) == 0
+    assert main(["bench", "pipeline", "--quick", "--no-ray", "--no-torch-runtime", "--seeds", "1", "--steps", "4",
+                 "--scenarios", "homogeneous,memory-cap", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["machine"]["device"] == "none" and result["devices"]["ray"] == "not run"
+    assert result["devices"]["torch_runtime"] == "not run" and result["torch_runtime"]["skipped"]
     assert "osprey_over_1f1b_weighted" in result["grid"][0] and result["seeds"] == [0]
     assert "1f1b-weighted" in result["grid"][0]["makespan_s"]
     # torch's schedules run beside the project's; the best static order is picked from both.

@@ -17,7 +17,7 @@ from pdml_ray.pipeline.osprey import OspreySchedule
 from pdml_ray.pipeline.plan import Plan
 from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
-from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages, posted_in_send_order, run_gloo_ranks
+from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages, posted_in_send_order, run_local_ranks
 
 MICROBATCHES = 4
 TOLERANCE = 1e-5
@@ -114,7 +114,7 @@ def test_plans_on_torchs_runtime_give_schedule1f1bs_gradients_on_two_gloo_ranks(
     osprey = _osprey_plan()
     one_f_one_b = make_schedule("1f1b", stages=2, replicas=1, microbatches=MICROBATCHES).plan(0)
     assert osprey.split_backward or osprey.stage_rank is not None, osprey  # not 1F1B's order again
-    ranks = run_gloo_ranks(_grads_after_one_step, 2, {"1f1b": one_f_one_b.to_dict(), "osprey": osprey.to_dict()},
+    ranks = run_local_ranks(_grads_after_one_step, 2, {"1f1b": one_f_one_b.to_dict(), "osprey": osprey.to_dict()},
                            start_method="fork")  # no Ray in the unit tier: forked ranks skip importing torch again
     # The 1f1b plan runs with deferred receives (gloo); osprey's two-chunk plan falls back to torch's
     # own posting order, which its deferral would break (test above).

@@ -1,0 +1,227 @@
+"""``bench pipeline``'s torch-runtime section: registry plans run by torch.distributed.pipelining's own
+runtime (``pdml_ray.pipeline.torch_exec``) against torch's own schedule class running the same order.
+
+Two gloo ranks on this machine, each with its share of the cores, train a real MLP (two stages, one
+per rank, real forward and backward, real point-to-point transfers; nothing emulated). Per pair, a
+registry plan (``torch-1f1b``: the order ``Schedule1F1B`` generates, read by ``torch_orders``) runs on
+``TorchPlanRuntime`` (torch's generic ``_PipelineScheduleRuntime`` lowering the plan) and torch's own
+class (``Schedule1F1B``, with its hand-written loop and fused transfers) runs the same order; both from
+the same weights on the same batch, interleaved round by round (which side goes first alternates), each
+step timed between two barriers, so a step is the slower rank's. Figures: per pair the median over
+rounds of the paired ratio (plan on torch's runtime over torch's class), and planning per step over
+the median step: each schedule's next plan is made a step ahead on a thread while the round's steps
+run (planning ahead, as the scheduler actor does for the Ray-actor runtime), and the step loop's
+blocked time is its wait for that plan plus ``TorchPlanRuntime.load`` (validation, the conversion and
+torch's lowering); the planning thread's own time is reported beside it. Schedules: the registry's
+torch orders above, and osprey's per-step plans at this shape run on torch's runtime too (osprey's
+latencies come from one SIMULATED step: torch's runtime reports none).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import os
+import statistics
+import time
+from typing import Any
+
+PAIRS = {"torch-1f1b": "Schedule1F1B", "torch-gpipe": "ScheduleGPipe"}
+"""Registry plan -> torch's class that runs the same order."""
+CONTROL = "Schedule1F1B (control)"
+"""A second ``Schedule1F1B`` paired with the first: how far apart identical code measures on this machine."""
+TARGETS = {"torch_runtime_step_over_torch_class": 1.03, "torch_runtime_planning_over_step": 0.01}
+MICROBATCHES = 4
+RANKS = 2
+
+
+def _model(width: int, layers: int, seed: int) -> Any:
+    import torch
+
+    torch.manual_seed(seed)
+    mods: list[torch.nn.Module] = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    return torch.nn.Sequential(*mods, torch.nn.Linear(width, 8))
+
+
+class _OspreyOnSimulatedLatencies:
+    """Osprey at 2 stages x 1 replica x MICROBATCHES, told before each plan the SIMULATED latencies of its
+    previous plan on a noisy profile (second stage at 0.7x): its plans change from step to step as a run's
+    would (torch's runtime reports no per-action latencies to feed it)."""
+
+    def __init__(self, seed: int) -> None:
+        from pdml_ray.pipeline.osprey import OspreySchedule
+        from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
+
+        self.osprey = OspreySchedule(stages=RANKS, replicas=(1,) * RANKS, microbatches=MICROBATCHES)
+        self.sim = PipelineSimulator(ClusterProfile.build(RANKS, 1, profile="noisy", seed=seed, speeds=((1.0,), (0.7,))), seed)
+        self.last: Any = None
+        self.observed = 0
+
+    def plan(self, step: int) -> Any:
+        if self.last is not None:
+            self.osprey.observe(self.sim.run_step(self.last, self.observed).measurements)
+            self.observed += 1
+        self.last = self.osprey.plan(step)
+        return self.last
+
+
+def _timed_plan(source: Any, step: int) -> tuple[Any, float]:
+    t0 = time.perf_counter()  # osprey's simulated observation included: an upper bound of its planning
+    plan = source.plan(step)
+    return plan, time.perf_counter() - t0
+
+
+def _rank(rank: int, world_size: int, rounds: int, width: int, layers: int, batch: int, seed: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    from pdml_ray.pipeline.registry import make_schedule
+    from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages
+
+    loss_fn = torch.nn.functional.mse_loss
+    base, cpu = _model(width, layers, seed), torch.device("cpu")
+    gen = torch.Generator().manual_seed(seed + 1)
+    x, y = torch.randn(batch, width, generator=gen), torch.randn(batch, 8, generator=gen)
+    sources: dict[str, Any] = {name: make_schedule(name, stages=RANKS, replicas=1, microbatches=MICROBATCHES)
+                               for name in PAIRS}
+    sources["osprey"] = _OspreyOnSimulatedLatencies(seed)
+    arms: dict[str, tuple[Any, Any]] = {}  # arm -> (model, what steps it)
+    runtimes: dict[str, Any] = {}
+    for name, source in sources.items():
+        plan = source.plan(0)
+        model = copy.deepcopy(base)
+        runtimes[name] = TorchPlanRuntime(pipeline_stages(model, plan, rank, cpu), MICROBATCHES, loss_fn=loss_fn)
+        runtimes[name].load(plan)
+        arms[name] = (model, runtimes[name])
+        if name in PAIRS:
+            model = copy.deepcopy(base)
+            cls = getattr(torch_schedules, PAIRS[name])
+            arms[PAIRS[name]] = (model, cls(pipeline_stages(model, plan, rank, cpu)[0], MICROBATCHES, loss_fn=loss_fn))
+    # The control: a second Schedule1F1B, the same code on its own copy; its ratio is the noise floor.
+    model = copy.deepcopy(base)
+    arms[CONTROL] = (model, torch_schedules.Schedule1F1B(pipeline_stages(model, sources["torch-1f1b"].plan(0), rank,
+                                                                         cpu)[0], MICROBATCHES, loss_fn=loss_fn))
+    step_s: dict[str, list[float]] = {arm: [] for arm in arms}
+    plan_s: dict[str, list[float]] = {name: [] for name in sources}  # making the plan, on the planning thread
+    blocked_s: dict[str, list[float]] = {name: [] for name in sources}  # the step loop waiting for it, and load
+    lowered_s: dict[str, list[float]] = {name: [] for name in sources}  # those of the steps whose plan changed
+    names = list(arms)
+    with concurrent.futures.ThreadPoolExecutor(1) as planner:
+        for r in range(-1, rounds):  # round -1 warms up (shape inference, first allocations) and is not kept
+            ahead: dict[str, Any] = {}
+            for arm in (names if r % 2 == 0 else names[::-1]):
+                if arm == "osprey":
+                    # Step r + 1's plans are made on a thread while osprey's step r runs (plan ahead; torch's
+                    # ops release the GIL): only osprey's step shares its rank with the planning.
+                    ahead = {name: planner.submit(_timed_plan, source, r + 1) for name, source in sources.items()}
+                model, runner = arms[arm]
+                model.zero_grad(set_to_none=True)
+                dist.barrier()
+                t0 = time.perf_counter()
+                runner.step(x, target=y)
+                dist.barrier()
+                if r >= 0:
+                    step_s[arm].append(time.perf_counter() - t0)
+            for name, future in ahead.items():
+                t0 = time.perf_counter()
+                plan, seconds = future.result()
+                lowered = runtimes[name].load(plan)
+                if r >= 0:
+                    blocked_s[name].append(time.perf_counter() - t0)
+                    plan_s[name].append(seconds)
+                    if lowered:
+                        lowered_s[name].append(blocked_s[name][-1])
+    # What loading costs when the plan does change (torch lowers it again): the 1f1b and gpipe plans in
+    # turn on osprey's runtime (its stages fit any plan of this shape), then osprey's plan back.
+    switch_s = []
+    for i in range(6):
+        t0 = time.perf_counter()
+        runtimes["osprey"].load(sources["torch-1f1b" if i % 2 else "torch-gpipe"].plan(0))
+        switch_s.append(time.perf_counter() - t0)
+    runtimes["osprey"].load(sources["osprey"].last)
+    grads = {arm: {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+             for arm, (model, _) in arms.items()}
+    diff = {name: max((float((grads[name][n] - grads[cls][n]).abs().max()) for n in grads[cls]), default=0.0)
+            for name, cls in PAIRS.items()}
+    return {"step_s": step_s, "plan_s": plan_s, "blocked_s": blocked_s, "lowered_s": lowered_s,
+            "load_changed_plan_s": statistics.median(switch_s), "grad_max_abs_diff": diff, "threads": torch.get_num_threads(),
+            "osprey_schedule_chosen": getattr(sources["osprey"].osprey.last_decision, "chosen", None)}
+
+
+def measure_torch_runtime(*, quick: bool, seed: int = 0) -> dict[str, Any]:
+    """The section's figures (module docstring) from one two-rank run of ``rounds`` interleaved rounds."""
+    from pdml_ray.bench.common import paired_ratio_stats
+    from pdml_ray.pipeline.torch_exec import run_local_ranks
+    from pdml_ray.pipeline.torch_orders import SUPPORTED_TORCH
+
+    rounds, width, layers, batch = (11, 384, 4, 128) if quick else (41, 512, 4, 256)
+    load_before, t0 = os.getloadavg()[0], time.perf_counter()
+    per_rank = run_local_ranks(_rank, RANKS, rounds, width, layers, batch, seed, timeout_s=300.0)
+    wall = time.perf_counter() - t0
+    # Every arm's step is timed between barriers, so ranks agree to within a barrier: rank 0's times.
+    steps = per_rank[0]["step_s"]
+    pairs = {name: {"torch_class": cls, **paired_ratio_stats(steps[cls], steps[name]),
+                    "median_step_s": statistics.median(steps[name]), "torch_class_median_step_s": statistics.median(steps[cls]),
+                    "best_step_ratio": min(steps[name]) / min(steps[cls]),
+                    "grad_max_abs_diff": max(r["grad_max_abs_diff"][name] for r in per_rank)}
+             for name, cls in PAIRS.items()}
+    planning = {name: {"median_blocked_s": max(statistics.median(r["blocked_s"][name]) for r in per_rank),
+                       "median_plan_s": max(statistics.median(r["plan_s"][name]) for r in per_rank),
+                       "median_step_s": statistics.median(steps[name]),
+                       "plans_changed": len(per_rank[0]["lowered_s"][name]),
+                       "median_blocked_s_when_changed": max((statistics.median(r["lowered_s"][name])
+                                                             for r in per_rank if r["lowered_s"][name]), default=None)}
+                for name in per_rank[0]["plan_s"]}
+    for p in planning.values():
+        p["blocked_over_step"] = p["median_blocked_s"] / p["median_step_s"]
+        p["plan_over_step"] = p["median_plan_s"] / p["median_step_s"]
+    control = {"torch_class": "Schedule1F1B", **paired_ratio_stats(steps["Schedule1F1B"], steps[CONTROL])}
+    worst_pair = max(pairs, key=lambda n: pairs[n]["median_ratio"])
+    worst_plan = max(planning, key=lambda n: planning[n]["blocked_over_step"])
+    targets = {
+        "torch_runtime_step_over_torch_class": {
+            "value": pairs[worst_pair]["median_ratio"], "target": TARGETS["torch_runtime_step_over_torch_class"],
+            "met": pairs[worst_pair]["median_ratio"] <= TARGETS["torch_runtime_step_over_torch_class"],
+            "basis": f"worst pair ({worst_pair} vs {PAIRS[worst_pair]}) of the median over {rounds} interleaved rounds "
+                     f"of the paired step-time ratio (Schedule1F1B against itself: {control['median_ratio']:.3f})"},
+        "torch_runtime_planning_over_step": {
+            "value": planning[worst_plan]["blocked_over_step"], "target": TARGETS["torch_runtime_planning_over_step"],
+            "met": planning[worst_plan]["blocked_over_step"] <= TARGETS["torch_runtime_planning_over_step"],
+            "basis": f"worst schedule ({worst_plan}): median time the step loop waits for its next plan (made a step "
+                     "ahead on a thread) plus loading it into torch's runtime, the slower rank, over its median step"}}
+    return {"torch": SUPPORTED_TORCH, "ranks": RANKS, "stages": RANKS, "microbatches": MICROBATCHES,
+            "model": f"MLP {layers} x Linear({width}, {width}) + Tanh, then Linear({width}, 8); batch {batch}, MSE loss",
+            "rounds": rounds, "threads_per_rank": per_rank[0]["threads"], "pairs": pairs, "control": control,
+            "planning": planning,
+            "load_changed_plan_s": max(r["load_changed_plan_s"] for r in per_rank),
+            "load_changed_plan_over_step": max(r["load_changed_plan_s"] for r in per_rank) / statistics.median(steps["osprey"]),
+            "osprey_chosen": per_rank[0]["osprey_schedule_chosen"], "targets": targets, "wall_s": wall,
+            "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
+            "real": "torch's own pipeline runtime and schedule classes, gloo point-to-point between two processes, "
+                    "real forward and backward compute on the CPU",
+            "emulated": "osprey's latencies: SIMULATED (its previous plan on a noisy profile, the second stage at "
+                        "0.7x); plans are made a step ahead on a thread of each rank", "seed": seed}
+
+
+def torch_runtime_line(section: dict[str, Any]) -> str:
+    """The console lines of the section, saying what is real."""
+    if "pairs" not in section:
+        return f"torch runtime: {section}"
+    parts = [f"{name} on torch's runtime / torch's {p['torch_class']}: paired median {p['median_ratio']:.3f} over "
+             f"{p['rounds']} rounds ({1e3 * p['median_step_s']:.1f} vs {1e3 * p['torch_class_median_step_s']:.1f} ms; "
+             f"gradients equal to {p['grad_max_abs_diff']:.1e})" for name, p in section["pairs"].items()]
+    parts.append(f"control, Schedule1F1B against a second copy of itself: paired median {section['control']['median_ratio']:.3f}")
+    plans = [f"{name} {1e3 * p['median_blocked_s']:.3f} ms blocked ({100 * p['blocked_over_step']:.2f}% of its step; "
+             f"planning {1e3 * p['median_plan_s']:.3f} ms on the thread; plan changed in {p['plans_changed']} of "
+             f"{section['rounds']} steps" + ("" if p["median_blocked_s_when_changed"] is None else
+                                             f", {1e3 * p['median_blocked_s_when_changed']:.3f} ms blocked then") + ")"
+             for name, p in section["planning"].items()]
+    load = section["load_average_1min"]
+    return (f"torch runtime ({section['ranks']} gloo ranks, {section['model']}, {section['microbatches']} micro-batches; "
+            f"REAL: {section['real']}; load average {load['before']:.1f} -> {load['after']:.1f}): " + "; ".join(parts)
+            + "\n  planning per step (made a step ahead; blocked = waiting for it + loading it into torch's runtime): "
+            + ", ".join(plans) + f"; loading a changed plan (torch lowers it again) {1e3 * section['load_changed_plan_s']:.3f} "
+            f"ms ({100 * section['load_changed_plan_over_step']:.2f}% of osprey's step); {section['emulated']}")
