@@ -15,6 +15,10 @@ Every check trains through ``PDMLTrainer`` with one GPU per worker (default: eve
   (plain BatchNorm over the whole global batch) at every step: global statistics make the trained model
   the one uniform data parallelism trains, whatever the shares.
 
+- ``pipeline_nccl`` (2 or more GPUs; not a Ray Train run): the project's 1f1b plan on torch's own
+  pipeline runtime (``pdml_ray.pipeline.torch_exec``), one stage per GPU and activations over NCCL; its
+  gradients must equal one step of torch's ``Schedule1F1B`` (max abs difference < 1e-4).
+
 With one GPU every check runs one rank (``world_size`` 1 in the JSON): the CUDA path, the hooks on
 NCCL, CUDA events, SyncBatchNorm's conversion; the weighting across ranks and SyncBatchNorm's
 cross-rank statistics need 2 or more GPUs, and ``multi_rank_nccl`` says whether they ran. Exit status
@@ -127,6 +131,38 @@ def weights_loop(config: dict) -> None:
                        "sync_batchnorm_layers": synced, "timed_comm": ctx._combiner.timed_comm}, f)
 
 
+def pipeline_rank(rank: int, world_size: int) -> float:
+    """One step of the project's 1f1b plan on torch's pipeline runtime, stage r on GPU r and activations
+    over NCCL, against one step of torch's own Schedule1F1B: the largest gradient difference on this rank."""
+    from torch.distributed.pipelining import Schedule1F1B
+
+    from pdml_ray import make_schedule
+    from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev, plan = torch.device("cuda", rank), make_schedule("1f1b", stages=world_size, replicas=1, microbatches=4).plan(0)
+    gen = torch.Generator().manual_seed(1)  # the same batch on every rank
+    x, y = torch.randn(64, 32, generator=gen).to(dev), torch.randn(64, 4, generator=gen).to(dev)
+    grads = []
+    for on_plan in (True, False):
+        model = _mlp()
+        stages = pipeline_stages(model, plan, rank, dev)
+        runner = TorchPlanRuntime(stages, 4, loss_fn=F.mse_loss) if on_plan else Schedule1F1B(stages[0], 4, loss_fn=F.mse_loss)
+        if on_plan:
+            runner.load(plan)
+        runner.step(x, target=y)
+        grads.append([p.grad for p in model.parameters() if p.grad is not None])
+    return max((a - b).abs().max().item() for a, b in zip(*grads))
+
+
+def check_pipeline(gpus: int) -> dict:
+    """``pipeline_rank`` on every GPU (one pipeline stage each)."""
+    from pdml_ray.pipeline.torch_exec import run_local_ranks
+
+    diffs = run_local_ranks(pipeline_rank, gpus, backend="nccl", timeout_s=300.0)
+    return {"ok": max(diffs) < TOLERANCE, "stages": gpus, "max_abs_diff": max(diffs)}
+
+
 def check_path(workers: int) -> dict:
     from pdml_ray import NodePriorityConfig, PDMLConfig
     from pdml_ray.train import PDMLTrainer
@@ -196,10 +232,13 @@ def main() -> int:
                 checks[name] = check_weights(sync, workers, f"{tmp}/{sync}.json")
     finally:
         ray.shutdown()
+    if gpus >= 2:
+        checks["pipeline_nccl"] = check_pipeline(gpus)
     report = {"gpus": gpus, "gpu_names": [torch.cuda.get_device_name(i) for i in range(gpus)],
               "world_size": workers, "multi_rank_nccl": workers >= 2,
-              "not_run": [] if workers >= 2 else ["gradient weights across ranks", "SyncBatchNorm across ranks",
-                                                  "NCCL between ranks (needs 2 or more GPUs)"],
+              "not_run": ([] if workers >= 2 else ["gradient weights across ranks", "SyncBatchNorm across ranks",
+                                                   "NCCL between ranks (needs 2 or more GPUs)"])
+              + ([] if gpus >= 2 else ["pipeline stages over NCCL on torch's runtime (needs 2 or more GPUs)"]),
               "checks": checks, "ok": all(c["ok"] for c in checks.values())}
     for name, c in checks.items():
         print(f"{name:<14} {'OK' if c['ok'] else 'FAILED'}  {json.dumps({k: v for k, v in c.items() if k != 'ok'})}")
