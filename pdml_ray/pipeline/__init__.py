@@ -9,7 +9,10 @@ The modules:
     registry.py      schedule names -> classes (``make_schedule``)
     static.py        GPipe, 1F1B, critical-path, 1F1B weighted by replica speeds
     torch_orders.py  the orders torch.distributed.pipelining's schedules generate, as plans and static baselines (torch 2.13 pinned)
+    torch_exec.py    single-replica plans run by torch.distributed.pipelining's own runtime over real ``PipelineStage``s
     osprey.py        osprey, adaptive scheduling from measured latencies
+    osprey_decision.py  what osprey decided and why, as data (``OspreyDecision``)
+    osprey_candidates.py  osprey's static candidates: every static order, torch's orders on its lanes
     auto.py          ``auto``: a static schedule until osprey pays
     listsched.py     greedy list scheduling on predicted costs
     dispatch.py      the one dispatch rule of the simulator and the runtime

@@ -53,95 +53,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
-from pdml_ray.errors import ConfigError, PlanError, StateError
+from pdml_ray.errors import StateError
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
+from pdml_ray.pipeline.osprey_candidates import StaticCandidates
+from pdml_ray.pipeline.osprey_decision import OspreyDecision
 from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineSchedule, Plan, check_state
 from pdml_ray.pipeline.sizes import (KnownSizesSimulator, SizeModel, check_sizes, orders_to_try, relabel, sized_lanes,
                                      uneven)
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
 from pdml_ray.priority.estimators import EMA
-
-
-@dataclass(frozen=True, slots=True)
-class OspreyDecision:
-    """What osprey last decided and why. Fields come in groups, set together and None otherwise:
-    warm start (``warm_start``); after each observed step (``step`` .. ``bottleneck_stage``); with
-    lanes (``lanes`` .. ``rebalanced``); after each adaptive plan (``predicted_makespan_s`` ..
-    ``lane_microbatches``). ``to_dict`` writes the groups that are set, in this order, for JSON logs."""
-
-    kind: Literal["warm-start", "adaptive"]
-    """'warm-start' until the first measurement, then 'adaptive'."""
-    warm_start: str | None = None
-    """The static schedule whose plan runs before any measurement (warm start only)."""
-    step: int | None = None
-    """Observed steps folded into the estimates so far."""
-    stage_loads_s: tuple[float, ...] | None = None
-    """Per stage: seconds per micro-batch with perfect balancing over its replicas, 1 / sum_r 1 / (f + b)."""
-    bottleneck_stage: int | None = None
-    """The stage with the largest balanced load."""
-    lanes: tuple[tuple[int, ...], ...] | None = None
-    """[stage][lane] -> replica: lane j holds the j-th fastest replica of every stage."""
-    lane_period_s: tuple[float, ...] | None = None
-    """Per lane: its slowest member's F+B seconds."""
-    lane_bottleneck_stage: tuple[int, ...] | None = None
-    """Per lane: the stage of its slowest member."""
-    target_weights: tuple[float, ...] | None = None
-    """Per lane: 1 / period, normalised; where the weights move to."""
-    weights: tuple[float, ...] | None = None
-    """Per lane: the micro-batch shares in use after this step (momentum, threshold applied)."""
-    rebalanced: bool | None = None
-    """Whether this step moved the weights (False: the move stayed under ``rebalance_threshold``)."""
-    predicted_makespan_s: tuple[tuple[str, float], ...] | None = None
-    """(candidate, predicted makespan s) per cap option, then each static candidate that fits the memory
-    limit (by name, '<name>@lanes' on osprey's lanes), then 'warm-start', in the order tried."""
-    chosen: str | None = None
-    """The candidate planned: a cap option's name or 'warm-start'."""
-    lane_microbatches: tuple[int, ...] | None = None
-    """Micro-batches per lane in the best cap option's plan; None without lanes (set with ``chosen``)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form with the groups that are set; ``OspreyDecision.from_dict(d.to_dict()) == d``."""
-        out: dict[str, Any] = {"kind": self.kind}
-        if self.warm_start is not None:
-            out["warm_start"] = self.warm_start
-        if self.step is not None:
-            out.update(step=self.step, stage_loads_s=list(self.stage_loads_s or ()),
-                       bottleneck_stage=self.bottleneck_stage)
-        if self.lanes is not None:
-            out.update(lanes=[list(m) for m in self.lanes], lane_period_s=list(self.lane_period_s or ()),
-                       lane_bottleneck_stage=list(self.lane_bottleneck_stage or ()),
-                       target_weights=list(self.target_weights or ()), weights=list(self.weights or ()),
-                       rebalanced=self.rebalanced)
-        if self.chosen is not None:
-            out.update(predicted_makespan_s=dict(self.predicted_makespan_s or ()), chosen=self.chosen,
-                       lane_microbatches=None if self.lane_microbatches is None else list(self.lane_microbatches))
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "OspreyDecision":
-        def floats(key: str) -> tuple[float, ...] | None:
-            return None if data.get(key) is None else tuple(float(x) for x in data[key])
-
-        def ints(key: str) -> tuple[int, ...] | None:
-            return None if data.get(key) is None else tuple(int(x) for x in data[key])
-
-        lanes, predicted = data.get("lanes"), data.get("predicted_makespan_s")
-        return cls(kind=data["kind"], warm_start=data.get("warm_start"),
-                   step=None if data.get("step") is None else int(data["step"]), stage_loads_s=floats("stage_loads_s"),
-                   bottleneck_stage=None if data.get("bottleneck_stage") is None else int(data["bottleneck_stage"]),
-                   lanes=None if lanes is None else tuple(tuple(int(r) for r in m) for m in lanes),
-                   lane_period_s=floats("lane_period_s"), lane_bottleneck_stage=ints("lane_bottleneck_stage"),
-                   target_weights=floats("target_weights"), weights=floats("weights"),
-                   rebalanced=data.get("rebalanced"),
-                   predicted_makespan_s=None if predicted is None else tuple((str(k), float(v))
-                                                                             for k, v in predicted.items()),
-                   chosen=data.get("chosen"), lane_microbatches=ints("lane_microbatches"))
 
 
 UNEVEN_SPREAD = 0.25
@@ -182,8 +107,8 @@ class OspreySchedule:
         self.steps_observed = 0
         self.last_decision = OspreyDecision(kind="warm-start", warm_start=self.config.warm_start)
         self._warm: PipelineSchedule | None = None  # the warm-start static schedule, built on first use
-        self._statics: dict[str, Plan] | None = None  # every static order that fits the shape, built on first use
-        self._on_lanes: dict[tuple[Any, ...], Plan | None] = {}  # torch orders on lanes, by (name, counts, members)
+        self._candidates = StaticCandidates(stages, self.replicas, microbatches, self.pipeline_config) \
+            if self.config.plans == "any" else None
         self._layouts: dict[int, tuple[tuple[int, ...], int] | None] = {}
         """step -> (stage_rank, chunks) of the plan issued for it when it had virtual stages (else None):
         its measurements map back to ranks (this scheduler's stages) at chunks x their latency. Plans
@@ -560,47 +485,12 @@ class OspreySchedule:
         return [int(c) for c in round_to_batch_sizes(list(target), self.microbatches)]
 
     def _static_candidates(self, lane_counts: Sequence[int] | None) -> dict[str, Plan]:
-        """label -> plan, with ``OspreyConfig.plans='any'``: every static order that builds for this shape
-        and, with lanes and micro-batch counts per lane, each torch order on those lanes ('<name>@lanes').
-        None with 'full-backward': osprey's lane plans already are 1F1B's rule on its lanes, and each
-        candidate costs a simulated step to predict."""
-        from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES, make_schedule
-        from pdml_ray.pipeline.torch_orders import lanes_plan
-
-        if self.config.plans != "any":
+        """label -> plan, with ``OspreyConfig.plans='any'`` (``StaticCandidates``); none with 'full-backward':
+        osprey's lane plans already are 1F1B's rule on its lanes, and each candidate costs a simulated step
+        to predict."""
+        if self._candidates is None:
             return {}
-        if self._statics is None:
-            self._statics = {}
-            for name in STATIC_SCHEDULES[:2] + tuple(TORCH_SCHEDULES):  # gpipe and 1f1b: the others adapt themselves
-                try:
-                    plan = make_schedule(name, stages=self.stages, replicas=self.replicas,
-                                          microbatches=self.microbatches, config=self.pipeline_config).plan(0)
-                except (ConfigError, PlanError):
-                    continue  # torch's size rules: this shape does not fit it
-                self._statics[name] = plan
-        out = dict(self._statics)
-        if lane_counts is not None and len(set(lane_counts)) > 1:
-            members = self.lane_members()
-            given, ids = 0, []
-            for n in lane_counts:
-                ids.append(list(range(given, given + n)))
-                given += n
-            if len(self._on_lanes) > 64:  # lane counts and members seen lately; a long run keeps few
-                self._on_lanes.clear()
-            for name in TORCH_SCHEDULES:
-                if name not in self._statics:
-                    continue
-                key = (name, tuple(lane_counts), tuple(tuple(m) for m in members))
-                if key not in self._on_lanes:
-                    cls = _torch_class(name)
-                    try:
-                        self._on_lanes[key] = lanes_plan(cls.torch_class, self.stages, ids, members, cls.chunks, name=name)
-                    except PlanError:
-                        self._on_lanes[key] = None  # a lane's count below torch's minimum
-                on_lanes = self._on_lanes[key]
-                if on_lanes is not None:
-                    out[f"{name}@lanes"] = on_lanes
-        return out
+        return self._candidates.plans(lane_counts, self.lane_members)
 
     # ---- replay --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -626,13 +516,3 @@ class OspreySchedule:
         self.sizes = {int(t): check_sizes(v, self.microbatches) for t, v in state.get("sizes", [])}
         if "size_model" in state:
             self.size_model.load_state_dict(state["size_model"])
-
-
-def _torch_class(name: str) -> Any:
-    """The ``TorchOrderSchedule`` subclass registered as ``name``."""
-    import importlib
-
-    from pdml_ray.pipeline.registry import TORCH_SCHEDULES
-
-    module_name, cls_name = TORCH_SCHEDULES[name].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)

@@ -1,0 +1,75 @@
+"""Osprey's static candidates (step 6 of ``pdml_ray.pipeline.osprey``): with ``OspreyConfig.plans='any'``,
+every static order that builds for the shape (gpipe, 1f1b and every torch order: split backward and
+two chunks per rank included) and each torch order re-cut onto osprey's lanes ('<name>@lanes'), which
+osprey predicts beside its own lane plans and chooses among."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from pdml_ray.config import PipelineConfig
+from pdml_ray.errors import ConfigError, PlanError
+from pdml_ray.pipeline.plan import Plan
+
+
+class StaticCandidates:
+    """The candidates of one shape. Static orders are built once on first use; torch orders on lanes are
+    kept by (name, lane counts, lane members), the last 64 of them (lane counts change with the lanes'
+    speeds, so a long run keeps only the recent ones)."""
+
+    def __init__(self, stages: int, replicas: Sequence[int], microbatches: int, pipeline_config: PipelineConfig) -> None:
+        self.stages, self.replicas, self.microbatches = stages, tuple(replicas), microbatches
+        self.pipeline_config = pipeline_config
+        self._statics: dict[str, Plan] | None = None  # every static order that fits the shape, built on first use
+        self._on_lanes: dict[tuple[Any, ...], Plan | None] = {}  # torch orders on lanes, by (name, counts, members)
+
+    def plans(self, lane_counts: Sequence[int] | None,
+              lane_members: Callable[[], Sequence[Sequence[int]]]) -> dict[str, Plan]:
+        """label -> plan: every static order that builds for this shape and, with unequal micro-batch
+        counts per lane (``lane_counts``), each torch order on those lanes (``lane_members()``: [stage][lane]
+        -> replica, asked only then)."""
+        from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES, make_schedule
+        from pdml_ray.pipeline.torch_orders import lanes_plan
+
+        if self._statics is None:
+            self._statics = {}
+            for name in STATIC_SCHEDULES[:2] + tuple(TORCH_SCHEDULES):  # gpipe and 1f1b: the others adapt themselves
+                try:
+                    plan = make_schedule(name, stages=self.stages, replicas=self.replicas,
+                                          microbatches=self.microbatches, config=self.pipeline_config).plan(0)
+                except (ConfigError, PlanError):
+                    continue  # torch's size rules: this shape does not fit it
+                self._statics[name] = plan
+        out = dict(self._statics)
+        if lane_counts is not None and len(set(lane_counts)) > 1:
+            members = lane_members()
+            given, ids = 0, []
+            for n in lane_counts:
+                ids.append(list(range(given, given + n)))
+                given += n
+            if len(self._on_lanes) > 64:  # lane counts and members seen lately; a long run keeps few
+                self._on_lanes.clear()
+            for name in TORCH_SCHEDULES:
+                if name not in self._statics:
+                    continue
+                key = (name, tuple(lane_counts), tuple(tuple(m) for m in members))
+                if key not in self._on_lanes:
+                    cls = _torch_class(name)
+                    try:
+                        self._on_lanes[key] = lanes_plan(cls.torch_class, self.stages, ids, members, cls.chunks, name=name)
+                    except PlanError:
+                        self._on_lanes[key] = None  # a lane's count below torch's minimum
+                on_lanes = self._on_lanes[key]
+                if on_lanes is not None:
+                    out[f"{name}@lanes"] = on_lanes
+        return out
+
+
+def _torch_class(name: str) -> Any:
+    """The ``TorchOrderSchedule`` subclass registered as ``name``."""
+    import importlib
+
+    from pdml_ray.pipeline.registry import TORCH_SCHEDULES
+
+    module_name, cls_name = TORCH_SCHEDULES[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)
