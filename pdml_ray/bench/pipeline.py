@@ -75,10 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(1/speed - 1) x its compute"))
 
 
-def _scenario_names(text: str) -> list[str]:
+def _scenario_names(text: str) -> tuple[str, ...]:
+    """The names in ``text``, or none for 'none'. A tuple: the CLI reads an empty list as a bare ``--``."""
     from pdml_ray.pipeline.scenarios import SCENARIOS
 
-    names = [] if text.strip() == "none" else [n.strip() for n in text.split(",") if n.strip()]
+    names = () if text.strip() == "none" else tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown scenario(s) {unknown}; valid names: {list(SCENARIOS)} or none")

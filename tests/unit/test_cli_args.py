@@ -433,3 +433,15 @@ def test_status_json_turns_numpy_and_nan_into_plain_json():
     value = to_jsonable(Record(np.array([3, 5]), np.float64(2.5), {0: (1, 2)}, float("nan")))
     assert value == {"sizes": [3, 5], "rate": 2.5, "by_worker": {"0": [1, 2]}, "missing": None}
     json.dumps(value, allow_nan=False)
+
+
+def test_bench_pipeline_scenarios_none_skips_the_section_and_is_not_read_as_a_bare_dashdash():
+    from pdml_ray.cli import check_parsed
+
+    argv = ["bench", "pipeline", "--scenarios", "none"]
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    check_parsed(parser, args)  # an empty selection is not the bare `--` check_parsed refuses
+    assert args.scenarios == ()
+    args = parser.parse_args(["bench", "pipeline", "--scenarios", "drift,uneven"])
+    assert args.scenarios == ("drift", "uneven")
