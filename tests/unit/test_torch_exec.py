@@ -97,6 +97,10 @@ def _grads_after_one_step(rank: int, world_size: int, plans: dict[str, dict[str,
             runtime.step(x, target=y)
             out[f"{name} receives deferred"] = runtime.receives_deferred
         out[name] = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+    try:  # the last runtime holds osprey's four stages (two per rank): a one-stage-per-rank plan is refused
+        runtime.load(Plan.from_dict(plans["1f1b"]))
+    except PlanError as err:
+        out["refused"] = str(err)
     return out
 
 
@@ -120,6 +124,8 @@ def test_plans_on_torchs_runtime_give_schedule1f1bs_gradients_on_two_gloo_ranks(
     # own posting order, which its deferral would break (test above).
     assert [r.pop("1f1b receives deferred") for r in ranks] == [True, True]
     assert [r.pop("osprey receives deferred") for r in ranks] == [False, False]
+    assert all("places stages [" in r["refused"] and "build the stages for this plan's layout" in r.pop("refused")
+               for r in ranks)
     runs = {name: {k: v for r in ranks for k, v in r[name].items()} for name in ranks[0]}
     reference = runs.pop("torch Schedule1F1B")
     assert len(reference) == 8 and all(np.abs(g).max() > 1e-4 for g in reference.values())  # every layer learned
