@@ -63,7 +63,7 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
         assert {"stages", "replicas", "microbatches", "profile", "makespan_s", "bubble_fraction", "lower_bound_s",
                 "osprey_over_1f1b", "osprey_over_lower_bound", "warmup_steps", "memory_violations"} <= set(case)
         assert {"osprey_over_1f1b_weighted", "osprey_over_1f1b_worst", "seeds"} <= set(case)
-        assert len(case["seeds"]) >= 5 and "1f1b-weighted" in result["schedules"]
+        assert len(case["seeds"]) == 2 and "1f1b-weighted" in result["schedules"]  # EXTRA's --seeds 2
         assert all({"value", "target", "met", "basis"} <= set(t) for t in result["targets"].values())
         ray_run = result["ray"]
         assert "osprey_over_static" in ray_run, ray_run
