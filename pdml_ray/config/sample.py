@@ -53,10 +53,12 @@ class SamplePriorityConfig:
     as soon as they are found; the uniform mix and the mean weight still visit the rest)."""
 
     backprop_share: float = 1.0 / 3.0
-    """selective-backprop: share of each worker's batch backpropagated, the samples whose loss is at or
-    above the (1 - share) percentile of the worker's last ``percentile_window`` losses."""
+    """selective-backprop: share backpropagated, the samples whose loss is at or above the (1 - share)
+    percentile of the last ``percentile_window`` losses: the cluster's where the scheduler's table hands
+    it out with the plans (``SamplePlan.backprop_threshold``), else the worker's own."""
     percentile_window: int = 4096
-    """selective-backprop: recent per-sample losses a worker keeps to place a loss's percentile."""
+    """selective-backprop: recent per-sample losses the percentile is placed among (the scheduler's
+    table keeps the cluster's last ones, each worker its own)."""
     pay_threshold: float | None = None
     """Priority draws only while they are measured to pay: the table starts with uniform draws and now
     and then draws 2 intervals the other way (a probe); while priority's loss drop per second, over
