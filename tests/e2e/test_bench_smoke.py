@@ -25,7 +25,8 @@ FIGURES = {
                   "best_priority_arm", "async_time_to_target_vs_sync"},
 }
 EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
-         "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "150", "--lr", "0.003"],
+         "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "150", "--lr", "0.003",
+                      "--il-steps", "50"],
          "pipeline": ["--steps", "5", "--ray-steps", "3", "--seeds", "2"],
          "scheduler": ["--workers", "16", "--duration", "3", "--report-via", "node"],
          "stragglers": ["--workers", "4", "--steps", "8", "--policies", "sync,gc-fr,pgc-cr", "--per-partition-ms", "20",
@@ -44,7 +45,8 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
     assert STANDARD | FIGURES[name] <= set(result), sorted(set(result))
     assert result["machine"]["cores"] >= 1 and result["emulated"]
     if name == "sampling":
-        assert set(result["ablations"]) == {"priority_beta1", "priority_no_correction", "label_balanced", "focal"}
+        assert set(result["ablations"]) == {"priority_beta1", "priority_no_correction", "rho_loss_holdout",
+                                            "label_balanced", "focal"}
         assert {"annealed", "selective_backprop", "rho_loss"} <= set(result["arms"]) and result["best_label_free"]
         assert all({"steps_to_target", "time_to_target_s", "step_ratio", "time_ratio", "reached"} <= set(a)
                    for a in result["ablations"].values())
