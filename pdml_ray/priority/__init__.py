@@ -10,7 +10,7 @@
     p3.py             P3's slice size and credit window, for both P3 runtimes (config, or the rule over the measured link)
     sample_modes.py   the sample modes' registry (importance, annealed, selective-backprop, rho-loss)
     sample_switch.py  the pay switch: priority draws off while their predicted gain is below their cost
-    selective_backprop.py  Selective-Backprop's per-worker choice of the high-loss share
+    selective_backprop.py  Selective-Backprop's high-loss share, by the worker's or the cluster's percentile
     gradient.py       the gradient axis: which arrived gradients a straggler step applies, and how many
     bandit.py         the discounted-UCB bandit that tunes the gradient priority's weights
     pipeline.py       the pipeline axis: the configured schedule as a deriver, one ``MicroBatchPlan`` per step

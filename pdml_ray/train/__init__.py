@@ -13,7 +13,7 @@ The modules:
     ray_data.py        Ray Data input: materialised datasets read by row position at each worker's batch size (``ctx.iter_torch_batches``)
     result_metrics.py  pdml-ray's figures in ``Result.metrics``
     p3_sync.py         P3's send order for all-reduce users in Ray Train
-    irreducible.py     RHO-LOSS's irreducible-loss model: a holdout carved off, trained, its per-sample losses and their cost
+    irreducible.py     RHO-LOSS's irreducible-loss model: a holdout or cross-fitted folds, its per-sample losses and their cost
     workloads.py       small real workloads on generated data (demo, benchmarks, tests)
 """
 
