@@ -40,8 +40,8 @@ def irreducible_losses(name: str, x: torch.Tensor, y: torch.Tensor, args: argpar
     dim = x.shape[1]
     if name == "rho_loss":
         def make() -> torch.nn.Module:
-            return torch.nn.Sequential(torch.nn.Linear(dim, _HIDDEN), torch.nn.ReLU(), torch.nn.Linear(_HIDDEN, _HIDDEN),
-                                       torch.nn.ReLU(), torch.nn.Linear(_HIDDEN, 1))
+            return torch.nn.Sequential(torch.nn.Linear(dim, _HIDDEN), torch.nn.ReLU(),
+                                       torch.nn.Linear(_HIDDEN, _HIDDEN), torch.nn.ReLU(), torch.nn.Linear(_HIDDEN, 1))
 
         torch.manual_seed(seed + 30_013)
         return fit_crossfit_irreducible_losses(make, _per_sample, (x, y), folds=args.il_folds, steps=args.il_steps,
