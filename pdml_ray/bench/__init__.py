@@ -13,6 +13,7 @@ The modules:
     pipeline_actors.py     ``bench pipeline``'s Ray-actor half (sleep compute mode)
     pipeline_planning.py   ``bench pipeline``'s planning section: the driver's time blocked on plans
     pipeline_scenarios.py  ``bench pipeline``'s non-stationary section: osprey (planning a step ahead) vs the best static order per scenario
+    pipeline_torch.py      ``bench pipeline``'s torch-runtime section: registry plans on torch's own pipeline runtime vs torch's schedule classes
     stragglers.py          ``bench stragglers``, every straggler policy on the same seeded delays
     gradients.py           ``bench gradients``, gradient priorities on the straggler runtime
     p3.py                  ``bench p3``, P3 vs FIFO vs bucketed order in both P3 runtimes

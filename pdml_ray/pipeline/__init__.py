@@ -32,7 +32,8 @@ from pdml_ray.pipeline.plan import Action, Kind, Measurement, PipelineSchedule, 
 from pdml_ray.pipeline.registry import ALL_SCHEDULES, PROJECT_SCHEDULES, TORCH_SCHEDULES, make_schedule
 from pdml_ray.pipeline.simulate import (ClusterProfile, PipelineSimulator, compare_in_simulation, simulate_schedule,
                                        steady_state)
+from pdml_ray.pipeline.torch_orders import torch_actions
 
 __all__ = ["ALL_SCHEDULES", "Action", "ClusterProfile", "Dispatcher", "Kind", "Measurement", "PROJECT_SCHEDULES",
            "PipelineSchedule", "PipelineSimulator", "Plan", "TORCH_SCHEDULES", "compare_in_simulation", "format",
-           "make_schedule", "producers", "simulate_schedule", "steady_state", "validate"]
+           "make_schedule", "producers", "simulate_schedule", "steady_state", "torch_actions", "validate"]
