@@ -291,13 +291,6 @@ class SamplePrioritizer(SampleDraws):
         """
         t0 = time.perf_counter()
         try:
-            if not self.switch.wants_losses(step):  # priority off, no probe measuring: nothing to score
-                problem = self.feedback_problem(np.asarray(indices, dtype=np.int64).ravel(),
-                                                np.asarray(losses, dtype=np.float64).ravel())
-                if problem is not None:
-                    raise ReportError(f"update: {problem}")
-                self.skipped_losses += int(np.size(indices))
-                return None
             return self._ingest(indices, losses, step)
         finally:
             self.switch.record_selection(time.perf_counter() - t0, step=step)
@@ -323,6 +316,9 @@ class SamplePrioritizer(SampleDraws):
         problem = self.feedback_problem(idx, loss)
         if problem is not None:
             raise ReportError(f"update: {problem}")
+        if not self.switch.wants_losses(step):  # priority off, no probe measuring: checked, nothing to score
+            self.skipped_losses += int(idx.size)
+            return None
         ok = np.isfinite(loss)
         idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
         if self.recent_losses is not None:
