@@ -174,6 +174,7 @@ def affine_cluster(draw):
 @example(([0.05, 0.0], [10_000.0, 200.0], 256))  # the fixed cost is most of the fast worker's step
 @example(([0.0, 0.0, 0.0, 0.05], [200.0, 200.0, 200.0, 10_000.0], 1024))
 @example(([0.0, 0.0, 0.020038536620242926], [8312.0, 304.25, 7951.0], 360))  # rounding's bottleneck (node.py)
+@example(([0.046875, 0.046875], [6092.0, 6198.0], 257))  # the prior's rounding kept: two samples off (below)
 @settings(max_examples=120, deadline=None)
 def test_shares_converge_to_the_optimum_of_any_affine_cost_model(cluster):
     """Noise-free workers t_i(b) = c_i + b / r_i, any c_i in [0, 50 ms] and r_i in [200, 10^4] samples/s.
@@ -198,9 +199,12 @@ def test_shares_converge_to_the_optimum_of_any_affine_cost_model(cluster):
     optimum = balance_affine(fixed, rates, total, 1) / total
     ran = np.asarray(deriver.current.batch_sizes) / total
     assert np.all(np.abs(ran - optimum) <= 0.05 * optimum + 2.0 / total), (ran.tolist(), optimum.tolist())
-    # and the integer sizes run as fast as the optimum's rounding, up to one sample of the slowest worker
-    best = predicted_step_s(round_to_batch_sizes(optimum, total, 1), rates, fixed)
-    assert predicted_step_s(deriver.current.batch_sizes, rates, fixed) <= best + 1.0 / min(rates) + 1e-12
+    # and the integer sizes run as fast as the optimum's rounding, up to the same two samples (rounding, and
+    # the settled fit's resolution) of the slowest worker. Hypothesis found the case that needs both: two
+    # workers of rates 6092 and 6198 and equal fixed costs, B = 257, keep the prior's (129, 128) (the fit
+    # cannot resolve a one-sample move) where the optimum's rounding is (127, 130): 0.2 ms, 1.2 samples
+    assert predicted_step_s(deriver.current.batch_sizes, rates, fixed) <= \
+        predicted_step_s(round_to_batch_sizes(optimum, total, 1), rates, fixed) + 2.0 / min(rates) + 1e-12
 
 
 @pytest.mark.parametrize("fixed", [0.0, 0.01])
