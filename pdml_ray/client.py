@@ -46,7 +46,7 @@ RESTART_WAIT_S = 60.0
 """How long a blocking call (checkpoint, start-up) waits for a restarting scheduler at most."""
 
 _FIELDS = ("worker_id", "step", "samples", "compute_s", "wait_s", "step_s", "overhead_s", "loss", "grad_norm",
-           "accelerator_type", "sample_indices", "sample_losses")
+           "accelerator_type", "sample_indices", "sample_losses", "forward_only")
 
 
 class PackedReports:
@@ -66,7 +66,8 @@ class PackedReports:
     @classmethod
     def pack(cls, reports: Sequence[WorkerReport]) -> PackedReports:
         return cls([(r.worker_id, r.step, r.samples, r.compute_s, r.wait_s, r.step_s, r.overhead_s, r.loss,
-                     r.grad_norm, r.accelerator_type, r.sample_indices, r.sample_losses) for r in reports])
+                     r.grad_norm, r.accelerator_type, r.sample_indices, r.sample_losses, r.forward_only)
+                    for r in reports])
 
     def __reduce__(self) -> tuple[Any, tuple]:
         return (PackedReports, (self.rows,))
@@ -75,12 +76,14 @@ class PackedReports:
         return len(self.rows)
 
     def reports(self) -> Iterator[WorkerReport | str]:
-        """Each row as a ``WorkerReport``, or as a string saying why it does not make one."""
+        """Each row as a ``WorkerReport``, or as a string saying why it does not make one. A row without
+        the last field, ``forward_only`` (a replay log recorded before it), reads as forward_only = 0."""
         for row in self.rows:
-            if type(row) is tuple and len(row) == len(_FIELDS):  # noqa: E721
+            if type(row) is tuple and len(_FIELDS) - 1 <= len(row) <= len(_FIELDS):  # noqa: E721
                 yield WorkerReport(*row)
             else:
-                yield f"a packed report must be a tuple of the {len(_FIELDS)} WorkerReport fields, got {row!r:.80}"
+                yield (f"a packed report must be a tuple of the {len(_FIELDS) - 1} WorkerReport fields, or "
+                       f"{len(_FIELDS)} with forward_only, got {row!r:.80}")
 
     def __iter__(self) -> Iterator[WorkerReport | str]:
         return self.reports()

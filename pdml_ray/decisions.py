@@ -105,7 +105,10 @@ class WorkerReport:
 
     ``compute_s`` is forward + backward + optimizer time excluding any wait on collectives
     (``wait_s``); throughput is ``samples / compute_s``. With emulated speeds, the emulated sleep is
-    part of ``compute_s`` (it stands for slower compute).
+    part of ``compute_s`` (it stands for slower compute). ``forward_only`` of the ``samples`` had a
+    forward pass and no backward (Selective-Backprop's low-loss share, where the loop skips their
+    backward): the node model counts them at a forward's cost, not a trained sample's
+    (``pdml_ray.priority.node``, "Forward-only samples").
     """
 
     worker_id: int
@@ -123,6 +126,9 @@ class WorkerReport:
     # Per-sample feedback for sample priorities: int64 indices (B,) and float32 losses (B,).
     sample_indices: np.ndarray | None = field(default=None, compare=False)
     sample_losses: np.ndarray | None = field(default=None, compare=False)
+    forward_only: int = 0
+    """Samples of this step forwarded and not backpropagated (0 <= forward_only <= samples); 0: every
+    sample was trained."""
 
     def problem(self, num_workers: int, num_samples: int | None = None) -> str | None:
         """Why this report must not move any priority, or None if it is sound (``rejection``'s message)."""
@@ -138,7 +144,8 @@ class WorkerReport:
         time (``MIN_COMPUTE_S <= compute_s <= MAX_COMPUTE_S`` and at most ``MAX_RATE`` samples/s), or
         an idle step (``samples == 0``, a worker given no samples; see ``idle``); finite, non-negative
         times; ``loss`` and ``grad_norm`` finite or NaN (NaN: not measured), never infinite;
-        per-sample feedback as two 1-D numpy arrays of equal length, integer indices and finite losses.
+        per-sample feedback as two 1-D numpy arrays of equal length, integer indices and finite losses;
+        ``0 <= forward_only <= samples``.
         """
         w, step = self.worker_id, self.step
         # Fast path, the common case (plain ints and floats, no per-sample feedback): the same rules in
@@ -149,6 +156,7 @@ class WorkerReport:
                 and type(self.wait_s) is float and type(self.overhead_s) is float and type(st) is float  # noqa: E721
                 and type(loss) is float and type(g) is float and type(self.accelerator_type) is str  # noqa: E721
                 and self.sample_indices is None and self.sample_losses is None
+                and type(self.forward_only) is int and 0 <= self.forward_only <= s  # noqa: E721
                 and 0 <= w < num_workers and 0 <= step <= MAX_STEP and 0 < s <= MAX_SAMPLES
                 and MIN_COMPUTE_S <= c <= MAX_COMPUTE_S and s <= MAX_RATE * c
                 and 0.0 <= self.wait_s <= MAX_COMPUTE_S and 0.0 <= self.overhead_s <= MAX_COMPUTE_S
@@ -164,6 +172,11 @@ class WorkerReport:
         if not (_integer(self.samples) and 0 <= self.samples <= MAX_SAMPLES):
             return Rejection("samples", f"{where}: samples={self.samples!r} must be an integer in [0, {MAX_SAMPLES}] "
                                         "(> 0 for a measured step)")
+        fo = self.forward_only
+        if not (_integer(fo) and 0 <= fo <= self.samples):
+            return Rejection("forward_only", f"{where}: forward_only={fo!r} must be an integer from 0 to samples="
+                                             f"{self.samples} (the samples of this step that had a forward pass and "
+                                             "no backward; 0 when every sample was trained)")
         c = self.compute_s
         if not _real(c):
             return Rejection("compute_s", f"{where}: compute_s={c!r} must be a finite number of seconds")
