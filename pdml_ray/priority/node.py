@@ -48,6 +48,25 @@ capped at the uniform share ``B // n`` (node priorities never make the statistic
 shares would). Every later decision keeps every worker at or above it, and a decision in force that is
 below it is re-derived at the next boundary without the noise gate (it is a constraint, not noise).
 
+Forward-only samples. Under Selective-Backprop a worker's loop may forward its whole batch and run
+backward on the high-loss share only; the rest cost a forward pass (``WorkerReport.forward_only``). The
+fit's batch axis is then cost in trained-sample equivalents, ``u = trained + phi * forward_only`` with
+``phi = FORWARD_COST_SHARE``, so each line's rate is the worker's speed whatever share of its batch
+it trained, and a worker that skipped more backward passes is not taken for a faster one and
+over-fed. phi is a constant, not fitted: fitting it per worker needs reports whose forward-only share
+varies apart from the batch size, and with each worker's own percentile that share stays near
+``1 - backprop_share`` at every step, so it cannot be told from the rate; a constant is right wherever
+the model's backward costs about twice its forward. The balance needs lines over samples: the lines
+are read at the cluster's recent cost per sample, ``m = sum u / sum b`` over every worker's reports
+(each worker's forgotten like its fit), ``t_i(b) = c_i + b m / r_i``. The share of a worker's next
+batch that trains is the data's (the cluster's percentile trains the high-loss samples wherever they
+fall), so one m for every worker; with no forward-only sample reported m = 1 and every decision is
+what it was without them. ``ctx.step`` reports none: its masked loss runs backward over the whole
+batch (``pdml_ray.train.step``). A loop that forwards the batch without gradients and then forwards
+and backpropagates the chosen samples again (the paper's) pays phi more per trained sample than u
+counts; the lines absorb that into the rate, so workers whose forward-only shares differ a lot are
+then balanced within ~12% (f = 0 against 0.7), where counting every sample as trained is 2x off.
+
 Limits. At a fixed point of the balance every worker runs one batch size; the spread that identified
 c is then forgotten and the fit shrinks back to the proportional model, which has the same fixed
 point (equal step times), so decisions hold; ``NodeStats.fixed_costs`` then reads ~0. After a
@@ -75,6 +94,16 @@ PROBE_AFTER = 10
 at 0 it gets 1 sample for one interval (a probe), its stale line is dropped and refitted from the
 probe's reports. Each probe that leaves it idle again doubles the wait (up to ``PROBE_AFTER_MAX``)."""
 PROBE_AFTER_MAX = 640
+FORWARD_COST_SHARE = 1.0 / 3.0
+"""phi: a forward-only sample's compute time as a fraction of a trained one's (forward + backward).
+Backward costs about twice the forward (gradients for the activations and for the weights): 1/3.
+Measured on an MLP on the CPU: a no-grad forward takes 0.32 of a forward + backward."""
+
+
+def trained_equivalents(report: WorkerReport) -> float:
+    """The report's cost in trained samples: ``trained + phi * forward_only`` (module docstring)."""
+    fo = report.forward_only
+    return float(report.samples) if fo == 0 else float(report.samples - fo) + FORWARD_COST_SHARE * fo
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +116,8 @@ class NodeStats:
     """Un-rounded shares of the global batch (sum to 1): each worker's node priority."""
     rates: tuple[float, ...]
     """Per-sample rates r_i (samples/s) of the model t_i(b) = c_i + b / r_i, or the accelerator prior's
-    relative speeds. With a fixed cost a worker's throughput at batch b, b / t_i(b), is below r_i."""
+    relative speeds. With a fixed cost a worker's throughput at batch b, b / t_i(b), is below r_i. With
+    forward-only samples, at the cluster's recent mix of them (``NodePriorityDeriver.units_per_sample``)."""
     fixed_costs: tuple[float, ...]
     """Fixed costs c_i (seconds per step) of the same model; zeros on the prior."""
     rate_source: str
@@ -145,6 +175,8 @@ class NodePriorityDeriver(Deriver):
         cfg.check_workers(num_workers)
         self.accelerator_types = list(accelerator_types or ["CPU"] * num_workers)
         self.fit = StepTimeFit(num_workers, cfg.ema_alpha)
+        # the cost mix: per worker (trained-sample equivalents, samples) of its reports, forgotten like its fit
+        self.mix = np.zeros((2, num_workers))
         self.floor = 0  # the model's announced batch floor (on_shape), already capped at B // n
         self.current = self._decide_from(self.step_model())
         self.idle_boundaries = np.zeros(num_workers, dtype=np.int64)  # boundaries each worker has had 0 samples
@@ -179,8 +211,8 @@ class NodePriorityDeriver(Deriver):
 
     def ingest(self, reports: Sequence[WorkerReport]) -> None:
         """Fold accepted reports into the step-time fits (warm-up steps are not representative)."""
-        warmup = self.node_config.warmup_steps
-        rows: list[tuple[int, float, float]] = []  # (worker, samples, compute seconds)
+        warmup, forget = self.node_config.warmup_steps, 1.0 - self.node_config.ema_alpha
+        rows: list[tuple[int, float, float]] = []  # (worker, trained-sample equivalents, compute seconds)
         for r in reports:
             if r.accelerator_type != self.accelerator_types[r.worker_id]:  # e.g. after a restart
                 self.on_register(r.worker_id, r.accelerator_type)
@@ -190,14 +222,27 @@ class NodePriorityDeriver(Deriver):
                     self.fit.reset(w)
                     self.refit[w] = False
                     rows = [row for row in rows if row[0] != w]  # what it reported before went with the old line
-                rows.append((w, float(r.samples), float(r.compute_s)))
+                units = trained_equivalents(r)
+                rows.append((w, units, float(r.compute_s)))
+                self.mix[:, w] = forget * self.mix[:, w] + (units, r.samples)
         self.fit.ingest(rows)
 
     # -- derive ----------------------------------------------------------------------------------
+    @property
+    def units_per_sample(self) -> float:
+        """m: the cluster's recent cost of a sample in trained-sample equivalents (1 with no forward-only
+        samples; 1 - (1 - phi) f with a share f forward-only)."""
+        units, samples = self.mix.sum(axis=1)
+        return float(units / samples) if samples > 0 else 1.0
+
     def step_model(self) -> StepModel:
-        """The per-worker lines: fitted once every worker has been measured, else the prior's speeds."""
+        """The per-worker lines over samples: fitted once every worker has been measured (read at the
+        cluster's cost per sample, ``units_per_sample``), else the prior's speeds."""
         if self.fit.all_measured:
             lines = self.fit.lines()
+            m = self.units_per_sample
+            if m != 1.0:
+                lines = lines.per_sample(m)
             return StepModel(fixed_s=lines.fixed_s, rates=lines.rates, source="measured", lines=lines)
         return StepModel(fixed_s=np.zeros(self.num_workers), rates=self.prior_rates(), source="prior")
 
@@ -308,7 +353,7 @@ class NodePriorityDeriver(Deriver):
 
     # -- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"fit": self.fit.state_dict(), "decision": self.current.to_dict(),
+        return {"fit": self.fit.state_dict(), "mix": self.mix.tolist(), "decision": self.current.to_dict(),
                 "accelerator_types": list(self.accelerator_types), "floor": self.floor,
                 "idle": {"boundaries": self.idle_boundaries.tolist(), "probe_after": self.probe_after.tolist(),
                          "refit": self.refit.tolist()}}
@@ -339,6 +384,19 @@ class NodePriorityDeriver(Deriver):
             raise StateError(f"saved node state has batch floor {shown(floor)}; expected an integer from 0 to the "
                              f"global batch size {self.node_config.batch}")
         self.floor = min(floor, self.node_config.batch // self.num_workers)
+        saved = state.get("mix")  # absent in states written before forward-only samples counted
+        try:
+            mix = np.zeros((2, self.num_workers)) if saved is None else np.asarray(saved, dtype=np.float64)
+        except (TypeError, ValueError):
+            mix = np.full(1, np.nan)
+        units, samples = mix if mix.shape == (2, self.num_workers) else (np.array([np.nan]), np.array([np.nan]))
+        # each report adds u in [phi b, b]: so does each worker's sum (1e-9: rounding)
+        if not (np.all(samples >= 0.0) and np.all(samples < np.inf) and np.all(units <= samples * (1.0 + 1e-9))
+                and np.all(units >= FORWARD_COST_SHARE * samples * (1.0 - 1e-9))):
+            raise StateError(f"saved node state has cost mix {shown(saved)}; expected per worker [trained-sample "
+                             f"equivalents u, samples b], {self.num_workers} each, with {FORWARD_COST_SHARE:.4g} b <= "
+                             "u <= b")
+        self.mix = mix
         self.current = decision
         self.accelerator_types = list(state["accelerator_types"])
 

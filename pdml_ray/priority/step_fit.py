@@ -134,6 +134,15 @@ class FittedLines:
     def copy(self) -> FittedLines:
         return FittedLines(**{name: getattr(self, name).copy() for name in LINE_FIELDS})
 
+    def per_sample(self, units_per_sample: float) -> FittedLines:
+        """These lines, fitted over cost units u (trained-sample equivalents), as lines over samples at
+        ``units_per_sample`` units each (u = m b): ``t = c + b (m s)``, so the slope and its covariances
+        scale by m (m^2 for var slope) and the mean batch by 1 / m."""
+        m = units_per_sample
+        return FittedLines(fixed_s=self.fixed_s, slope=self.slope * m, mean_b=self.mean_b / m, mean_t=self.mean_t,
+                           noise_var=self.noise_var, noise_dof=self.noise_dof, cov_cc=self.cov_cc,
+                           cov_cs=self.cov_cs * m, cov_ss=self.cov_ss * (m * m))
+
 
 LINE_FIELDS = tuple(f.name for f in dataclasses.fields(FittedLines))
 
