@@ -115,6 +115,10 @@ class PipelineConfig:
     coefficient of variation (0.05 = 5%)."""
     auto_bubble_threshold: float = 0.30
     """'auto' switches to osprey when the static plan's predicted bubble fraction exceeds this."""
+    stages: int | None = None
+    """Pipeline stages of a ``PDMLTrainer`` run: its workers run as ``stages`` stages x ``num_workers /
+    stages`` data-parallel replicas (``pdml_ray.train.pipeline``). None outside Ray Train: the Ray-actor
+    runtime and the benchmarks take their stages as arguments."""
     osprey: OspreyConfig = field(default_factory=OspreyConfig)
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
     """Layer re-balancing between stages (off by default)."""
@@ -133,6 +137,8 @@ class PipelineConfig:
                 for x in c:
                     check_range(x, f"pipeline.stage_costs[{i}]", 0.0, MAX_REAL, open_low=True,
                                 hint="forward_s and backward_s, seconds")
+        check_range(self.stages, "pipeline.stages", 1, MAX_STAGES, whole=True, none_ok=True,
+                    hint="stages per data-parallel replica of a PDMLTrainer run")
         check_range(self.transfer_s, "pipeline.transfer_s", 0.0, MAX_REAL, hint="seconds between ranks, e.g. 0.01")
         _check_schedule(self.auto_static, "pipeline.auto_static", static_only=True)
         check_range(self.auto_dispersion_threshold, "pipeline.auto_dispersion_threshold", 0.0, MAX_REAL,

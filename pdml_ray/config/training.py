@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from pdml_ray.config.gradient import load_priority_fn
 from pdml_ray.config.pdml import PDMLConfig
+from pdml_ray.errors import ConfigError
 
 
 def check_ray_train(config: PDMLConfig, num_workers: int | None = None, *, import_user_code: bool = True) -> None:
     """Raise ``ConfigError`` naming the field unless ``config`` can run under ``PDMLTrainer``: node
     priorities set with a global batch size (which ``num_workers`` workers, when given, can split
     within min_batch and max_batch), and, with ``import_user_code``, a ``priority_fn`` that imports
-    and takes one report (importing it runs the user's module)."""
+    and takes one report (importing it runs the user's module). A pipeline run (``pipeline`` set) needs
+    ``pipeline_ray_train`` instead."""
+    if config.pipeline is not None:
+        pipeline_ray_train(config)
+        return
     node = config.node
     if num_workers is None:
         node.batch  # noqa: B018 - raises when the global batch size is missing
@@ -21,3 +26,32 @@ def check_ray_train(config: PDMLConfig, num_workers: int | None = None, *, impor
     gradient = config.gradient_priority
     if import_user_code and gradient is not None and gradient.priority_fn is not None:
         load_priority_fn(gradient.priority_fn)
+
+
+def pipeline_ray_train(config: PDMLConfig) -> None:
+    """Raise ``ConfigError`` unless a pipeline run (``pipeline`` set) can run under ``PDMLTrainer``
+    (``pdml_ray.train.pipeline``): its stages given, a static schedule, and no axis it cannot act on.
+    ``PDMLTrainer`` checks that the stages divide its workers."""
+    from pdml_ray.pipeline.registry import STATIC_SCHEDULES
+
+    pipeline = config.pipeline
+    assert pipeline is not None
+    if config.node_priority is not None:
+        raise ConfigError("node priorities stay off for pipeline runs under PDMLTrainer: a replica's stages step in "
+                          "lockstep on the same micro-batches, so there is no per-worker batch share to act on. Leave "
+                          "PDMLConfig.node_priority unset with pipeline (or unset pipeline for data parallelism with "
+                          "node priorities)")
+    if config.sample_priority is not None:
+        raise ConfigError("sample priorities do not act in pipeline runs under PDMLTrainer (the per-sample losses are "
+                          "on the last stage, the batch is read on the first): leave PDMLConfig.sample_priority unset "
+                          "with pipeline")
+    if config.p3 is not None:
+        raise ConfigError("P3 orders DDP's gradient slices; a pipeline run averages each stage's gradients in one "
+                          "flat all-reduce: leave PDMLConfig.p3 unset with pipeline")
+    if pipeline.stages is None:
+        raise ConfigError("a pipeline run under PDMLTrainer needs pipeline.stages: the stages per data-parallel "
+                          "replica (num_workers must be a multiple of it), e.g. PipelineConfig(stages=2)")
+    if pipeline.schedule not in STATIC_SCHEDULES:
+        raise ConfigError(f"pipeline.schedule {pipeline.schedule!r} adapts to measured latencies, which torch's "
+                          f"pipeline runtime does not report back under PDMLTrainer: choose a static schedule, one "
+                          f"of {list(STATIC_SCHEDULES)}")

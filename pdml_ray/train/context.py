@@ -58,7 +58,8 @@ def get_context() -> PDMLContext:
     """The pdml-ray context of this Ray Train worker (inside a loop run by ``PDMLTrainer``)."""
     if _context is None:
         raise UsageError("pdml_ray.train.get_context() is only available inside a training loop "
-                         "launched by pdml_ray.train.PDMLTrainer")
+                         "launched by pdml_ray.train.PDMLTrainer (a pipeline run's loop takes "
+                         "pdml_ray.train.pipeline.get_pipeline_context())")
     return _context
 
 

@@ -25,6 +25,8 @@ from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.node import accelerator_from_gpu_name, accelerator_from_resources
 from pdml_ray.scheduler import SchedulerStats
 from pdml_ray.train.context import PDMLContext, set_context
+from pdml_ray.train.pipeline import PipelineContext, set_pipeline_context
+from pdml_ray.train.pipeline_layout import PipelineLayout
 from pdml_ray.train.ray_data import DatasetRows, materialize
 from pdml_ray.train.result_metrics import in_force_and_pending
 
@@ -53,6 +55,8 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     pdml_config = PDMLConfig.from_dict(pdml["config"])
     train_ctx = ray.train.get_context()
     device = ray.train.torch.get_device()
+    if pdml_config.pipeline is not None:  # pipeline x data parallel: a context of its own (train/pipeline.py)
+        return _run_pipeline_worker(user_loop, config, pdml_config, train_ctx, device)
     accel = detect_accelerator_type(device, list(pdml_config.node.accelerator_prior()))
     assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
     client = SchedulerClient(worker_transport(pdml_config.scheduler_name, pdml_config.namespace,
@@ -80,6 +84,26 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     finally:
         context.flush()
         set_context(None)
+
+
+def _run_pipeline_worker(user_loop: Callable, config: dict, pdml_config: PDMLConfig, train_ctx: Any,
+                         device: torch.device) -> Any:
+    """A pipeline run's worker: its ``PipelineContext`` (no node priorities), then the user's loop."""
+    import ray.train
+
+    assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
+    client = SchedulerClient(worker_transport(pdml_config.scheduler_name, pdml_config.namespace,
+                                              pdml_config.report_via, train_ctx.get_local_world_size()))
+    accel = detect_accelerator_type(device, [])
+    context = PipelineContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, client, accel)
+    context.report_fn = ray.train.report
+    set_pipeline_context(context)
+    try:
+        with _one_copy_of_prints():
+            return user_loop(config) if _takes_config(user_loop) else user_loop()
+    finally:
+        context.flush()
+        set_pipeline_context(None)
 
 
 @contextlib.contextmanager
@@ -202,6 +226,8 @@ class PDMLTrainer:
                               "on it: leave PDMLConfig.gradient_priority unset here")
         for n in sorted(set(counts)):
             check_ray_train(self.pdml_config, n)  # what validate-config checks too
+            if self.pdml_config.pipeline is not None:
+                PipelineLayout.build(n, self.pdml_config.pipeline.stages or 0)  # stages must divide the workers
         self.keep_scheduler = keep_scheduler
         self.scheduler = None  # the scheduler actor's handle after fit() when keep_scheduler=True
         self.kwargs = torch_trainer_kwargs
@@ -209,6 +235,9 @@ class PDMLTrainer:
     def _check_elastic(self) -> None:
         """What an elastic run (``num_workers=(min, max)``) cannot combine with, refused with the fix."""
         config = self.pdml_config
+        if config.pipeline is not None:
+            raise ConfigError("a pipeline run's stages x replicas are fixed at its start: give "
+                              "ScalingConfig(num_workers=N) with N a multiple of pipeline.stages")
         if config.sample_priority is not None:
             raise ConfigError("elastic worker counts work with node priorities alone: sample_priority's plans are "
                               "cut for a fixed set of ranks. Leave PDMLConfig.sample_priority unset, or give "
@@ -237,7 +266,7 @@ class PDMLTrainer:
         from ray.train.torch import TorchTrainer
 
         pdml_config = dataclasses.replace(self.pdml_config, scheduler_name=self.scheduler_name())
-        if pdml_config.node.emulation:  # said where the user looks, not only in the stats
+        if pdml_config.node_priority is not None and pdml_config.node_priority.emulation:  # said where the user looks, not only in the stats
             print(f"pdml-ray ({pdml_config.scheduler_name}): {pdml_config.node.emulation}", flush=True)
         loop = self.loop
         kwargs = dict(self.kwargs)

@@ -1,0 +1,88 @@
+"""Pipeline x data parallelism inside ``PDMLTrainer``: 4 Ray Train workers of half a CPU each run 2 stages
+x 2 replicas on torch's pipeline runtime; after 3 steps the checkpoint reported through Ray Train holds
+the parameters of 3 SGD steps of the unsplit model on the whole batches."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import ray
+import ray.train
+import torch
+
+from pdml_ray.config import NodePriorityConfig, PDMLConfig, PipelineConfig
+from pdml_ray.errors import ConfigError
+from pdml_ray.train import PDMLTrainer
+from pdml_ray.train.pipeline import get_pipeline_context
+
+pytestmark = pytest.mark.ray
+
+STAGES, WORKERS, MICROBATCHES, ROWS, LR, STEPS = 2, 4, 2, 8, 0.1, 3
+
+
+def _model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3))
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each step's global batch: ROWS rows per replica."""
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randn(2 * ROWS, 6, generator=gen), torch.randn(2 * ROWS, 3, generator=gen)) for _ in range(STEPS)]
+
+
+def pipeline_loop() -> None:
+    torch.set_num_threads(1)
+    ctx = get_pipeline_context()
+    pipe = ctx.prepare(_model(), microbatches=MICROBATCHES, loss_fn=torch.nn.functional.mse_loss,
+                       optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+    losses = []
+    for x, y in _batches():
+        rows = slice(ctx.replica * ROWS, (ctx.replica + 1) * ROWS)  # this replica's share of the global batch
+        losses.append(pipe.step(x[rows], y[rows]))
+    state = pipe.state_dict()  # every rank calls it; the whole model on rank 0
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint = None
+        if ctx.rank == 0:
+            torch.save(state, os.path.join(d, "model.pt"))
+            checkpoint = ray.train.Checkpoint.from_directory(d)
+        ctx.report({"losses": losses, "stage": ctx.stage, "replica": ctx.replica}, checkpoint=checkpoint)
+
+
+def test_a_pipeline_run_trains_as_the_unsplit_model_and_reports_a_loadable_checkpoint(ray_local, tmp_path):
+    config = PDMLConfig(pipeline=PipelineConfig(schedule="1f1b", stages=STAGES), decision_interval=2)
+    result = PDMLTrainer(pipeline_loop, pdml_config=config,
+                         scaling_config=ray.train.ScalingConfig(num_workers=WORKERS, resources_per_worker={"CPU": 0.5}),
+                         run_config=ray.train.RunConfig(name="pipeline-dp", storage_path=str(tmp_path))).fit()
+    model, reference = _model(), _model()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=LR)
+    ref_losses = []
+    for x, y in _batches():
+        loss = torch.nn.functional.mse_loss(reference(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        ref_losses.append(float(loss.detach()))
+    with result.checkpoint.as_directory() as d:
+        model.load_state_dict(torch.load(os.path.join(d, "model.pt")))
+    diff = max(float((a - b).abs().max()) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    assert diff <= 1e-5, diff
+    m = result.metrics  # rank 0's: stage 0 of replica 0, with the global batch's loss
+    assert (m["stage"], m["replica"]) == (0, 0) and np.allclose(m["losses"], ref_losses, atol=1e-5)
+    assert ref_losses[-1] < ref_losses[0]
+    assert (m["pdml/pipeline_stages"], m["pdml/pipeline_replicas"], m["pdml/step"]) == (2.0, 2.0, float(STEPS))
+    stats = result.pdml.stats
+    assert stats.derivers["pipeline"].plans >= STEPS and stats.reports_received >= WORKERS * 2  # every 2 steps
+    assert not result.pdml.warnings
+
+
+def test_node_priorities_with_a_pipeline_are_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match="node priorities stay off for pipeline runs"):
+        PDMLTrainer(pipeline_loop, scaling_config=ray.train.ScalingConfig(num_workers=4),
+                    pdml_config=PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=16),
+                                           pipeline=PipelineConfig(schedule="1f1b", stages=2)))
+    with pytest.raises(ConfigError, match=r"pipeline.stages=3 must divide .*num_workers=4"):
+        PDMLTrainer(pipeline_loop, scaling_config=ray.train.ScalingConfig(num_workers=4),
+                    pdml_config=PDMLConfig(pipeline=PipelineConfig(schedule="1f1b", stages=3)))

@@ -1,0 +1,119 @@
+"""Pipeline x data parallelism inside a Ray Train loop, without Ray: 4 gloo ranks as 2 stages x 2 replicas,
+each replica running the scheduler's plan on torch's pipeline runtime, give the parameters of one SGD
+step of the unsplit model on the whole batch."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
+from pdml_ray.config import PDMLConfig, PipelineConfig
+from pdml_ray.config.training import check_ray_train
+from pdml_ray.errors import ConfigError
+from pdml_ray.pipeline.torch_exec import run_local_ranks
+from pdml_ray.scheduler import Scheduler
+from pdml_ray.train.pipeline import PipelineContext
+
+STAGES, WORKERS, MICROBATCHES, ROWS, LR, STEPS = 2, 4, 2, 8, 0.1, 2
+TOLERANCE = 1e-5
+
+
+def _model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3))
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The global batch of each step: ROWS rows per replica."""
+    gen = torch.Generator().manual_seed(1)
+    replicas = WORKERS // STAGES
+    return [(torch.randn(replicas * ROWS, 6, generator=gen), torch.randn(replicas * ROWS, 3, generator=gen))
+            for _ in range(STEPS)]
+
+
+def _config(schedule: str) -> PDMLConfig:
+    return PDMLConfig(pipeline=PipelineConfig(schedule=schedule, stages=STAGES))
+
+
+def _train(rank: int, world_size: int, schedule: str) -> dict[str, Any]:
+    """This rank's run: rank 0 plans through an in-process scheduler (the same client calls as over the
+    run's actor); the whole model's parameters after STEPS steps on rank 0, each step's loss everywhere."""
+    config = _config(schedule)
+    client = SchedulerClient(LocalSchedulerTransport(Scheduler(config, world_size))) if rank == 0 else None
+    ctx = PipelineContext(config, rank, world_size, torch.device("cpu"), client)
+    pipe = ctx.prepare(_model(), microbatches=MICROBATCHES, loss_fn=torch.nn.functional.mse_loss,
+                       optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+    losses = []
+    for x, y in _batches():
+        rows = slice(ctx.replica * ROWS, (ctx.replica + 1) * ROWS)
+        losses.append(pipe.step(x[rows] if ctx.stage == 0 else None, y[rows] if ctx.stage == STAGES - 1 else None))
+    state = pipe.state_dict()
+    ctx.flush()
+    stats = client.call("stats") if client is not None else None
+    return {"stage": ctx.stage, "replica": ctx.replica, "losses": losses, "plans": pipe.plans.version,
+            "state": {k: v.numpy() for k, v in state.items()} if state is not None else None,
+            "reports": stats.reports_received if stats is not None else None,
+            "pipeline": stats.derivers["pipeline"].plans if stats is not None else None}
+
+
+def _reference() -> tuple[list[float], dict[str, np.ndarray]]:
+    """STEPS SGD steps of the unsplit model on each whole global batch, in one process."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for x, y in _batches():
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+def test_two_stages_by_two_replicas_equal_one_full_batch_step_of_the_unsplit_model() -> None:
+    ranks = run_local_ranks(_train, WORKERS, "1f1b", start_method="fork")  # no Ray here: forked ranks are safe
+    assert [(r["stage"], r["replica"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    ref_losses, ref_state = _reference()
+    initial = {k: v.detach().numpy() for k, v in _model().state_dict().items()}
+    state = ranks[0]["state"]
+    assert state.keys() == ref_state.keys()
+    moved = max(float(np.abs(ref_state[k] - initial[k]).max()) for k in ref_state)
+    diff = max(float(np.abs(state[k] - ref_state[k]).max()) for k in ref_state)
+    print(f"2 stages x 2 replicas, {STEPS} SGD steps: max abs parameter difference {diff:.2e} "
+          f"(the steps moved them up to {moved:.2e})")
+    assert moved > 1e-3 and diff <= TOLERANCE
+    for r in ranks:  # every rank reports the global batch's mean loss
+        assert np.allclose(r["losses"], ref_losses, atol=TOLERANCE), (r["losses"], ref_losses)
+    assert ref_losses[1] < ref_losses[0]
+    # the scheduler's pipeline axis planned each step (one ahead); rank 0's report of each step reached it
+    # (the other ranks have no client here), one static plan went to every rank
+    assert ranks[0]["pipeline"] >= STEPS and ranks[0]["reports"] == STEPS
+    assert len({r["plans"] for r in ranks}) == 1
+
+
+@pytest.mark.parametrize("sections, match", [
+    ({"node_priority": {"global_batch_size": 16}}, "node priorities stay off for pipeline runs.*Leave PDMLConfig.node_priority unset"),
+    ({"sample_priority": {}}, "sample priorities do not act in pipeline runs"),
+    ({"p3": {}}, "leave PDMLConfig.p3 unset with pipeline"),
+])
+def test_axes_a_pipeline_run_cannot_act_on_are_refused(sections: dict[str, Any], match: str) -> None:
+    config = PDMLConfig.from_dict({"pipeline": {"schedule": "1f1b", "stages": 2}, **sections})
+    with pytest.raises(ConfigError, match=match):
+        check_ray_train(config, 4)
+
+
+@pytest.mark.parametrize("pipeline, match", [
+    ({"schedule": "1f1b"}, "needs pipeline.stages"),
+    ({"schedule": "osprey", "stages": 2}, r"'osprey' adapts to measured latencies.*one of \['gpipe', '1f1b'"),
+    ({"stages": 2}, "'auto' adapts"),  # the default schedule
+])
+def test_a_pipeline_run_needs_its_stages_and_a_static_schedule(pipeline: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        check_ray_train(PDMLConfig.from_dict({"pipeline": pipeline}), 4)
+    check_ray_train(PDMLConfig.from_dict({"pipeline": {"schedule": "gpipe", "stages": 2}}), 4)  # no node section needed
