@@ -125,7 +125,7 @@ def test_the_cost_mix_is_saved_restored_and_checked():
     state = deriver.state_dict()
     restored = _deriver()
     restored.load_state_dict(state)
-    assert np.array_equal(restored.mix, deriver.mix) and restored.step_model().rates.tolist() == deriver.step_model().rates.tolist()
+    assert restored.mix == deriver.mix and restored.step_model().rates.tolist() == deriver.step_model().rates.tolist()
     older = {k: v for k, v in state.items() if k != "mix"}  # written before forward-only samples counted
     restored.load_state_dict(older)
     assert restored.units_per_sample == 1.0
