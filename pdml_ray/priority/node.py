@@ -356,8 +356,9 @@ class NodePriorityDeriver(Deriver):
 
     # -- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"fit": self.fit.state_dict(), "mix": [list(self.mix[0]), list(self.mix[1])], "decision": self.current.to_dict(),
-                "accelerator_types": list(self.accelerator_types), "floor": self.floor,
+        return {"fit": self.fit.state_dict(), "mix": [list(self.mix[0]), list(self.mix[1])],
+                "decision": self.current.to_dict(), "accelerator_types": list(self.accelerator_types),
+                "floor": self.floor,
                 "idle": {"boundaries": self.idle_boundaries.tolist(), "probe_after": self.probe_after.tolist(),
                          "refit": self.refit.tolist()}}
 
