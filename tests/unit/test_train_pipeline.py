@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed.pipelining  # noqa: F401 - imported once here (~1 s), not in each forked rank
 
 from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
 from pdml_ray.config import PDMLConfig, PipelineConfig
