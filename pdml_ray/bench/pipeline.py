@@ -31,9 +31,11 @@ the same order: two gloo ranks, real compute, nothing emulated but osprey's late
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from pdml_ray.bench.common import ratio_key
 from pdml_ray.errors import UsageError
@@ -208,17 +210,33 @@ def run_planning(args: argparse.Namespace) -> dict[str, Any]:
     """What planning through the run's scheduler actor costs the driver (``pdml_ray.bench.pipeline_planning``)."""
     if args.no_ray:
         return {"skipped": "--no-ray"}
-    import ray
-
     from pdml_ray.bench.pipeline_planning import measure_planning
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         return measure_planning(steps=8 if args.quick else 20, repeats=2 if args.quick else 3, seed=args.seed)
     except Exception as exc:  # a failed measurement must not discard the simulated grid
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+@contextlib.contextmanager
+def _ray_session(args: argparse.Namespace) -> Iterator[None]:
+    """One Ray instance for both Ray sections (each start costs seconds on a small machine): the running
+    one, the cluster in RAY_ADDRESS, or a private local one with a logical CPU for each of the Ray
+    section's 3 x 2 stage actors; stops only what it started."""
+    if args.no_ray:
+        yield
+        return
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(log_to_driver=False)  # the user's cluster
+        else:
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 6), include_dashboard=False,
+                     log_to_driver=False)
+    try:
+        yield
     finally:
         if started:
             ray.shutdown()
@@ -271,9 +289,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{'met' if t['met_every_seed'] else 'not met'} on every seed)")
     scenarios = run_scenario_section(args, seeds, steps)
     targets.update(scenarios["targets"])
-    ray_section = run_ray(args)
-    print(_ray_line(ray_section))
-    planning = run_planning(args)
+    with _ray_session(args):
+        ray_section = run_ray(args)
+        print(_ray_line(ray_section))
+        planning = run_planning(args)
     if "actor_blocked_s_per_step" in planning:
         targets["planning_actor_blocked_over_in_process"] = planning["target"]
         print(f"planning ({planning['stages']} stages x {planning['replicas']} replicas x {planning['microbatches']} "
