@@ -79,7 +79,9 @@ def set_pipeline_context(context: PipelineContext | None) -> None:
 
 class ScheduledStagePlans:
     """Every step's plan from the scheduler's ``pipeline`` axis: rank 0 asks one step ahead, and
-    broadcasts a plan to every rank of the run when its version changes (a static schedule's: once)."""
+    broadcasts a plan to every rank of the run when it differs from the one they run. The scheduler
+    stamps a new version on every step's plan, a static schedule's too, so what travels every step is
+    one integer (the count of distinct plans) and the plan itself only when it changed."""
 
     def __init__(self, client: SchedulerClient | None, *, rank: int, stages: int, microbatches: int,
                  device: torch.device) -> None:
@@ -87,11 +89,14 @@ class ScheduledStagePlans:
         self.shape = {"stages": stages, "replicas": 1, "microbatches": microbatches}  # every replica runs it
         self.decision: MicroBatchPlan | None = None
         """Rank 0: the newest decision the scheduler sent."""
-        self.version = -1
         self.plan: Plan | None = None
-        """The plan every rank runs (``version``), as rank 0 broadcast it."""
+        """The plan every rank runs, as rank 0 broadcast it."""
+        self.plan_changes = 0
+        """Distinct plans run so far (a static schedule: 1); every rank counts the same."""
         self.fallbacks = 0
-        """Steps that ran the newest plan again because the scheduler's answer did not come."""
+        """Rank 0: steps that ran the newest plan again because the scheduler's answer did not come."""
+        self._newest: Plan | None = None  # rank 0: the newest decision's plan ...
+        self._newest_count = 0  # ... and the count of distinct plans including it
         self._requested: int | None = None
         if rank == 0:
             if client is None:
@@ -102,19 +107,18 @@ class ScheduledStagePlans:
         """Step ``step``'s plan, on every rank (a collective: every rank calls it for every step)."""
         if self.rank == 0:
             self._fetch(step)
-        newest = self.decision.version if self.decision is not None else -1  # rank 0's; the others' come below
-        flag = torch.tensor([newest], dtype=torch.int64, device=self.device)
+        flag = torch.tensor([self._newest_count], dtype=torch.int64, device=self.device)  # rank 0's counts
         shared = dist.is_initialized() and dist.get_world_size() > 1
         if shared:
             dist.broadcast(flag, src=0)
-        if int(flag.item()) != self.version or self.plan is None:  # a new plan: its data travels once
-            box = [self.decision.plan.to_dict() if self.rank == 0 and self.decision is not None else None]
+        if int(flag.item()) != self.plan_changes or self.plan is None:  # a new plan: its data travels once
+            box = [self._newest.to_dict() if self.rank == 0 and self._newest is not None else None]
             if shared:
                 dist.broadcast_object_list(box, src=0)
             if box[0] is None:
                 raise SchedulerUnavailableError(f"no plan for step {step} from the pdml-ray scheduler (pipeline "
                                                 "axis); check that its actor is alive (`pdml-ray status`)")
-            self.plan, self.version = Plan.from_dict(box[0]), int(flag.item())
+            self.plan, self.plan_changes = Plan.from_dict(box[0]), int(flag.item())
         return self.plan
 
     def _fetch(self, step: int) -> None:
@@ -128,8 +132,10 @@ class ScheduledStagePlans:
         if isinstance(decision, MicroBatchPlan):
             decision.validate()
             self.decision = decision
+            if decision.plan != self._newest:
+                self._newest, self._newest_count = decision.plan, self._newest_count + 1
         elif self.decision is not None:
-            self.fallbacks += 1  # an unchanged static plan comes back as nothing new: run it again
+            self.fallbacks += 1
         self._request(step + 1)
 
     def _request(self, step: int) -> None:
@@ -294,7 +300,7 @@ class PipelineContext:
             raise UsageError("ctx.report needs the Ray Train worker PDMLTrainer launches (it calls ray.train.report)")
         pipe = self.pipeline
         pdml = {"pdml/step": float(pipe.step_index if pipe else 0),
-                "pdml/pipeline_plan_version": float(pipe.plans.version if pipe else -1),
+                "pdml/pipeline_plan_changes": float(pipe.plans.plan_changes if pipe else 0),
                 "pdml/pipeline_stages": float(self.layout.stages), "pdml/pipeline_replicas": float(self.layout.replicas)}
         self.report_fn({**pdml, **metrics}, checkpoint=checkpoint)  # the user's keys win
 
