@@ -1,6 +1,11 @@
 """Selective-Backprop's choice (Jiang et al., 2019): forward the whole batch, backpropagate only the
 samples whose loss is high against the losses seen lately.
 
+The saving needs the backward to run over the chosen rows only: score the whole batch without
+gradients, then forward and backpropagate the chosen rows (``rows``; ``StepScope.backprop_rows`` in
+``ctx.step``). A loss masked to the chosen rows gives the same gradient but a backward over the whole
+batch.
+
 A worker keeps its last ``window`` per-sample losses in a ring buffer. For a new batch of losses the
 threshold is the ``1 - share`` quantile of the buffer with the batch in it; the samples at or above it
 are backpropagated (at least one per non-empty batch: the highest). The rest were forwarded only: they
@@ -88,3 +93,8 @@ class BackpropSelector:
         self.trained += chosen
         self.forward_only += losses.size - chosen
         return mask
+
+    def rows(self, losses: np.ndarray, threshold: float | None = None) -> np.ndarray:
+        """``select`` as the chosen positions, int64 (k,) ascending: the rows to forward again and
+        backpropagate when the batch was scored without gradients (``StepScope.backprop_rows``)."""
+        return np.flatnonzero(self.select(losses, threshold))

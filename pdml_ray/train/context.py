@@ -333,13 +333,14 @@ class PDMLContext:
             log.info("step %d: adopted %s", self.global_step, decision)
 
     def _finish_step(self, batch: StepBatch, wait_s: float, per_sample: torch.Tensor | None, launch_s: float,
-                     sleep_s: float) -> None:
+                     sleep_s: float, forward_only: int = 0) -> None:
         """The step is done: advance, and keep what its report needs until its compute time is known."""
         t0 = time.perf_counter()
         now = t0
         grad_norm = self._combiner.local_grad_norm() if self._combiner is not None else None
         self._untimed[batch.step] = _Untimed(batch, wait_s, now - self._step_t0,
-                                             self._step_overhead, per_sample, launch_s, sleep_s, grad_norm)
+                                             self._step_overhead, per_sample, launch_s, sleep_s, grad_norm,
+                                             forward_only)
         self.global_step += 1
         self._position = (batch.epoch, batch.end_offset)
         if self._num_samples is not None and batch.end_offset >= self._epoch_end(self._num_samples):
@@ -563,7 +564,8 @@ class PDMLContext:
             compute_s=(span_s - u.launch_s if span_s > u.launch_s else span_s) + u.sleep_s, wait_s=u.wait_s, step_s=u.step_s,
             overhead_s=u.overhead_s, loss=loss, grad_norm=grad_norm if math.isfinite(grad_norm) else float("nan"),
             accelerator_type=self.accelerator_type,
-            sample_indices=u.batch.indices if sample_losses is not None else None, sample_losses=sample_losses)
+            sample_indices=u.batch.indices if sample_losses is not None else None, sample_losses=sample_losses,
+            forward_only=u.forward_only)
         self._reports.append(self._last_report)
         dt = time.perf_counter() - t0
         self._step_overhead += dt

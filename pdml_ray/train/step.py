@@ -163,6 +163,20 @@ def _install_optimizer_guard() -> None:
         _optimizer_guard_installed = True
 
 
+def _sequence_means(loss: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token losses (b, T) and the tokens that count (``mask`` (b, T), bool or 0/1; None: all): the
+    masked losses (b, T), the counted tokens per sequence (b,), each sequence's mean over them (b,; 0
+    for a sequence with none)."""
+    if mask is not None and tuple(mask.shape) != tuple(loss.shape):
+        raise UsageError(f"step.loss: the mask must have the per-token losses' shape {tuple(loss.shape)}, "
+                         f"got {tuple(mask.shape)}")
+    counted = (torch.ones_like(loss, dtype=torch.bool) if mask is None
+               else mask.to(device=loss.device, dtype=torch.bool))
+    masked = torch.where(counted, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))  # (b, T)
+    tokens = counted.sum(dim=1)  # (b,) counted tokens per sequence
+    return masked, tokens, masked.sum(dim=1) / tokens.clamp(min=1).to(masked.dtype)
+
+
 class StepHost(Protocol):
     """What a step block needs of its worker's context (``PDMLContext`` is the one implementation): the run's
     config and rank, what ``prepare_model`` set up (the combiner, the trained parameters), the compute timer,
@@ -184,7 +198,7 @@ class StepHost(Protocol):
     backprop_selector: BackpropSelector | None
 
     def _finish_step(self, batch: StepBatch, wait_s: float, per_sample: torch.Tensor | None, launch_s: float,
-                     sleep_s: float) -> None: ...
+                     sleep_s: float, forward_only: int = 0) -> None: ...
 
     def _report_timed(self, step: int, span_s: float) -> None: ...
 
@@ -208,10 +222,13 @@ class StepScope:
         finite): ``optimizer.step()`` (in the block after backward, or after the block) changes nothing."""
         self._checked = False  # the guard's check has run (at an optimizer step inside the block)
         self._loss_given = False  # step.loss was called in this block
+        self._rows: torch.Tensor | None = None  # selective-backprop: the rows backprop_rows chose (k,) int64
+        self.forward_only = 0
+        """Samples of this step forwarded and not backpropagated (``backprop_rows``), the report's ``forward_only``."""
         self._stop_due: tuple[int | None, int] | None = None  # what that check found for ``_stop``
 
     def loss(self, loss: torch.Tensor, mask: torch.Tensor | None = None,
-             reduction: str = "sequence") -> torch.Tensor:
+             reduction: str = "sequence", rows: torch.Tensor | None = None) -> torch.Tensor:
         """The loss this rank backpropagates, from the losses as the model gives them:
 
         - per sample, shape (b_i,) (``reduction="none"``): their importance-weighted mean;
@@ -229,12 +246,17 @@ class StepScope:
           pass the per-token losses and the mask). Refused with sample priorities, which need a loss per
           sample.
 
+        ``rows`` (selective-backprop, after ``backprop_rows``): ``loss`` holds only the chosen rows' losses,
+        (k,) or (k, T) in the order of ``rows``, and only they are backpropagated.
+
         A zero-size batch gives a zero loss. Under FSDP2 the result also carries the factor
         ``w_i * world_size`` (see ``wrappers``)."""
         b = len(self.batch.indices)
         w = self.batch.sample_weights
         if reduction not in ("sequence", "token"):
             raise UsageError(f"step.loss: reduction must be 'sequence' or 'token', got {reduction!r}")
+        if rows is not None or self._rows is not None:
+            return self._chosen_loss(loss, mask, reduction, rows)
         self._loss_given = True
         if loss.dim() == 0:
             if w is not None:
@@ -249,14 +271,7 @@ class StepScope:
             self._per_sample = loss.detach().reshape(1)  # its mean is the loss reported for the step
             return self._weighted(loss, 1)  # already a mean over this rank's b_i samples
         if loss.dim() == 2 and loss.shape[0] == b:
-            if mask is not None and tuple(mask.shape) != tuple(loss.shape):
-                raise UsageError(f"step.loss: the mask must have the per-token losses' shape {tuple(loss.shape)}, "
-                                 f"got {tuple(mask.shape)}")
-            counted = (torch.ones_like(loss, dtype=torch.bool) if mask is None
-                       else mask.to(device=loss.device, dtype=torch.bool))
-            masked = torch.where(counted, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))  # (b, T)
-            tokens = counted.sum(dim=1)  # (b,) counted tokens per sequence
-            per_sequence = masked.sum(dim=1) / tokens.clamp(min=1).to(masked.dtype)  # (b,)
+            masked, tokens, per_sequence = _sequence_means(loss, mask)
             if reduction == "sequence":
                 return self._per_sample_loss(per_sequence)
             if w is not None:
@@ -274,10 +289,12 @@ class StepScope:
 
     def _per_sample_loss(self, per_sample_loss: torch.Tensor) -> torch.Tensor:
         """Importance-weighted sum of per-sample losses (b_i,), as a mean (``_weighted``). Under
-        selective-backprop only the chosen high-loss share counts: the mean over it (every sample
-        forwarded is still reported and scored). The others' gradient is zero, but backward still runs
-        over the whole batch (its graph was built over it: 1.02x a full step's time, measured on an MLP
-        on the CPU), so they cost a trained sample's time and the report's ``forward_only`` stays 0."""
+        selective-backprop (this masked form) only the chosen high-loss share counts: the mean over it
+        (every sample forwarded is still reported and scored). The others' gradient is zero, but backward
+        still runs over the whole batch (its graph was built over it: 1.02x a full step's time, measured
+        on an MLP on the CPU), so they cost a trained sample's time and the report's ``forward_only``
+        stays 0. ``backprop_rows`` with ``loss(..., rows=rows)`` gives the same gradient and saves that
+        backward."""
         b = len(self.batch.indices)
         self._per_sample = per_sample_loss.detach()
         w = self.batch.sample_weights
@@ -292,6 +309,62 @@ class StepScope:
         # float(): half-precision losses meet float32 weights as the product used to promote them
         total = (per_sample_loss.sum() if w is None
                  else per_sample_loss.float() @ torch.as_tensor(w, device=per_sample_loss.device))
+        return self._weighted(total, b)
+
+    def backprop_rows(self, scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Selective-backprop that saves the backward: which rows of the batch to backpropagate, as
+        positions (k,) int64 on the scores' device, ascending. ``scores``: the whole batch's losses from a
+        forward without gradients (``torch.no_grad()``), per sample (b_i,) or per token (b_i, T) with
+        ``mask`` as in ``loss``. The rows are the high-loss share by the mode's percentile (this worker's
+        own, or the cluster's from the plan; ``BackpropSelector``), and every score goes back as this
+        step's feedback. Forward the chosen rows again with gradients and pass their losses to
+        ``loss(losses, rows=rows)``: the gradient is the masked form's, and the other ``b_i - k`` samples
+        are reported as forward-only (``WorkerReport.forward_only``)."""
+        selector, b = self.ctx.backprop_selector, len(self.batch.indices)
+        if selector is None:
+            raise UsageError("step.backprop_rows needs sample_priority.mode='selective-backprop'; in other modes "
+                             "pass every sample's loss to step.loss(losses)")
+        if self._rows is not None:
+            raise UsageError("step.backprop_rows was already called in this step: call it once per step")
+        if scores.requires_grad:
+            raise UsageError("step.backprop_rows: score the batch under torch.no_grad() (its graph over the whole "
+                             "batch is the backward selective-backprop saves); then forward the chosen rows again")
+        if scores.dim() == 2 and scores.shape[0] == b:
+            scores = _sequence_means(scores, mask)[2]
+        elif scores.dim() != 1 or scores.numel() != b or mask is not None:
+            raise UsageError(f"step.backprop_rows needs the whole batch's losses, shape ({b},), or per token "
+                             f"({b}, T) with an optional mask of that shape; got {tuple(scores.shape)}")
+        self._per_sample = scores.detach()  # the feedback: every sample forwarded
+        chosen = selector.rows(self._per_sample.float().cpu().numpy(), self.batch.backprop_threshold)
+        self._rows = torch.as_tensor(chosen, device=scores.device)
+        self.forward_only = b - len(chosen)
+        return self._rows
+
+    def _chosen_loss(self, loss: torch.Tensor, mask: torch.Tensor | None, reduction: str,
+                     rows: torch.Tensor | None) -> torch.Tensor:
+        """``loss(..., rows=rows)``: the chosen rows' losses (k,) or (k, T), reduced as the masked form
+        reduces them, the importance-weighted sum over the chosen rows scaled by ``b_i / k``, as a mean
+        over ``b_i`` (``_weighted``): the chosen rows' mean, the masked form's loss and gradient."""
+        chosen = self._rows
+        if rows is None:
+            raise UsageError("step.backprop_rows chose this step's rows: pass only their losses, as "
+                             "step.loss(losses, rows=rows)")
+        if chosen is None:
+            raise UsageError("step.loss(..., rows=rows) takes the rows step.backprop_rows(scores) returned in this "
+                             "step: call it first, on the whole batch's losses under torch.no_grad()")
+        k, b = chosen.numel(), len(self.batch.indices)
+        if rows.shape != chosen.shape or not torch.equal(rows.to(chosen.device), chosen):
+            raise UsageError("step.loss(..., rows=rows): rows must be what step.backprop_rows returned in this step")
+        if loss.dim() == 2 and loss.shape[0] == k and reduction == "sequence":
+            loss = _sequence_means(loss, mask)[2]
+        elif loss.dim() != 1 or loss.numel() != k or mask is not None:
+            raise UsageError(f"step.loss(..., rows=rows) needs the {k} chosen rows' losses, shape ({k},), or per "
+                             f"token ({k}, T) with reduction='sequence'; got {tuple(loss.shape)}")
+        self._loss_given = True
+        w = self.batch.sample_weights
+        scale = b / max(k, 1)  # the chosen mean as a mean over b_i (``_weighted`` divides by b_i)
+        total = (loss.sum() * scale if w is None else
+                 loss.float() @ torch.as_tensor(w, device=loss.device)[chosen.to(loss.device)] * scale)
         return self._weighted(total, b)
 
     def _token_factor(self, tokens: torch.Tensor, b: int) -> float:
@@ -361,6 +434,7 @@ class StepScope:
         self._ended, self._sleep_s, self._timed = False, 0.0, []
         self._guard, self._flags, self._flag_s, self.excluded, self.dropped = None, None, 0.0, (), False
         self._checked, self._stop_due, self._loss_given = False, None, False
+        self._rows, self.forward_only = None, 0
         _install_optimizer_guard()
         _OPEN_SCOPES.add(self)
         return self
@@ -426,7 +500,7 @@ class StepScope:
         timed = self._timed + timer.collect()
         wait_s = launch_s + max(0.0, now - end - self._sleep_s)  # backward's wait for the all-reduce
         stop = self._check_finite() if self._guard is not None and not self._checked else self._stop_due
-        ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, self._sleep_s)
+        ctx._finish_step(self.batch, wait_s, self._per_sample, launch_s, self._sleep_s, self.forward_only)
         for step, span_s in timed:
             ctx._report_timed(step, span_s)
         if stop is not None:
@@ -504,3 +578,5 @@ class _Untimed:
     sleep_s: float
     grad_norm: torch.Tensor | None = None
     """This rank's local gradient norm (0-d, on the device; ``GradientCombiner.local_grad_norm``)."""
+    forward_only: int = 0
+    """Samples forwarded and not backpropagated (``StepScope.backprop_rows``)."""
