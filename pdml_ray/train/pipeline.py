@@ -176,8 +176,10 @@ class PipelineParallel:
         self.stages = pipeline_stages(model, plan, self.stage, device, group=self.replica_group)
         self.runtime = TorchPlanRuntime(self.stages, microbatches, loss_fn=loss_fn)
         self.params = [p for s in self.stages for p in s.submod.parameters() if p.requires_grad]
-        self.optimizer = optimizer(self.params)
-        self.optimizer.zero_grad(set_to_none=False)
+        # a stage of parameter-free layers (an activation alone) has nothing to optimize
+        self.optimizer = optimizer(self.params) if self.params else None
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=False)
         self.microbatches = microbatches
         self.on_step = on_step
         self.last_compute_s = 0.0
@@ -217,8 +219,9 @@ class PipelineParallel:
             dist.broadcast(mean_loss, src=self.last_rank, group=self.replica_group)
         self.last_wait_s = time.perf_counter() - t1
         self.last_compute_s = t1 - t0
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=False)
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)
         self.step_index += 1
         loss_value = float(mean_loss.item())
         if self.on_step is not None:

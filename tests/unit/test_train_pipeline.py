@@ -20,7 +20,7 @@ from pdml_ray.pipeline.torch_exec import run_local_ranks
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.train.pipeline import PipelineContext
 
-STAGES, WORKERS, MICROBATCHES, ROWS, LR, STEPS = 2, 4, 2, 8, 0.1, 2
+WORKERS, MICROBATCHES, ROWS, LR, STEPS = 4, 2, 8, 0.1, 2
 TOLERANCE = 1e-5
 
 
@@ -30,30 +30,26 @@ def _model() -> torch.nn.Sequential:
                                torch.nn.Linear(16, 3))
 
 
-def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(stages: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The global batch of each step: ROWS rows per replica."""
     gen = torch.Generator().manual_seed(1)
-    replicas = WORKERS // STAGES
+    replicas = WORKERS // stages
     return [(torch.randn(replicas * ROWS, 6, generator=gen), torch.randn(replicas * ROWS, 3, generator=gen))
             for _ in range(STEPS)]
 
 
-def _config(schedule: str) -> PDMLConfig:
-    return PDMLConfig(pipeline=PipelineConfig(schedule=schedule, stages=STAGES))
-
-
-def _train(rank: int, world_size: int, schedule: str) -> dict[str, Any]:
+def _train(rank: int, world_size: int, schedule: str, stages: int) -> dict[str, Any]:
     """This rank's run: rank 0 plans through an in-process scheduler (the same client calls as over the
     run's actor); the whole model's parameters after STEPS steps on rank 0, each step's loss everywhere."""
-    config = _config(schedule)
+    config = PDMLConfig(pipeline=PipelineConfig(schedule=schedule, stages=stages))
     client = SchedulerClient(LocalSchedulerTransport(Scheduler(config, world_size))) if rank == 0 else None
     ctx = PipelineContext(config, rank, world_size, torch.device("cpu"), client)
     pipe = ctx.prepare(_model(), microbatches=MICROBATCHES, loss_fn=torch.nn.functional.mse_loss,
                        optimizer=lambda params: torch.optim.SGD(params, lr=LR))
     losses = []
-    for x, y in _batches():
+    for x, y in _batches(stages):
         rows = slice(ctx.replica * ROWS, (ctx.replica + 1) * ROWS)
-        losses.append(pipe.step(x[rows] if ctx.stage == 0 else None, y[rows] if ctx.stage == STAGES - 1 else None))
+        losses.append(pipe.step(x[rows] if ctx.stage == 0 else None, y[rows] if ctx.stage == stages - 1 else None))
     state = pipe.state_dict()
     ctx.flush()
     stats = client.call("stats") if client is not None else None
@@ -63,12 +59,12 @@ def _train(rank: int, world_size: int, schedule: str) -> dict[str, Any]:
             "pipeline": stats.derivers["pipeline"].plans if stats is not None else None}
 
 
-def _reference() -> tuple[list[float], dict[str, np.ndarray]]:
+def _reference(stages: int) -> tuple[list[float], dict[str, np.ndarray]]:
     """STEPS SGD steps of the unsplit model on each whole global batch, in one process."""
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
-    for x, y in _batches():
+    for x, y in _batches(stages):
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
@@ -77,16 +73,19 @@ def _reference() -> tuple[list[float], dict[str, np.ndarray]]:
     return losses, {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
-def test_two_stages_by_two_replicas_equal_one_full_batch_step_of_the_unsplit_model() -> None:
-    ranks = run_local_ranks(_train, WORKERS, "1f1b", start_method="fork")  # no Ray here: forked ranks are safe
-    assert [(r["stage"], r["replica"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
-    ref_losses, ref_state = _reference()
+@pytest.mark.parametrize("schedule, stages", [("1f1b", 2), ("gpipe", 4), ("1f1b", 1)])
+def test_stages_by_replicas_equal_full_batch_steps_of_the_unsplit_model(schedule: str, stages: int) -> None:
+    # 2 x 2; 4 stages of one replica (no gradient all-reduce; the 5 layers leave one stage parameter-free);
+    # 1 stage of 4 replicas (plain data parallel)
+    ranks = run_local_ranks(_train, WORKERS, schedule, stages, start_method="fork")  # no Ray here: fork is safe
+    assert [(r["stage"], r["replica"]) for r in ranks] == [(k % stages, k // stages) for k in range(WORKERS)]
+    ref_losses, ref_state = _reference(stages)
     initial = {k: v.detach().numpy() for k, v in _model().state_dict().items()}
     state = ranks[0]["state"]
     assert state.keys() == ref_state.keys()
     moved = max(float(np.abs(ref_state[k] - initial[k]).max()) for k in ref_state)
     diff = max(float(np.abs(state[k] - ref_state[k]).max()) for k in ref_state)
-    print(f"2 stages x 2 replicas, {STEPS} SGD steps: max abs parameter difference {diff:.2e} "
+    print(f"{stages} stages x {WORKERS // stages} replicas ({schedule}), {STEPS} SGD steps: max abs parameter difference {diff:.2e} "
           f"(the steps moved them up to {moved:.2e})")
     assert moved > 1e-3 and diff <= TOLERANCE
     for r in ranks:  # every rank reports the global batch's mean loss
