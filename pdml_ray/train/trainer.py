@@ -186,7 +186,9 @@ class PDMLTrainer:
     at its batch sizes through ``ctx.iter_torch_batches("train", epoch=e)`` (``pdml_ray.train.ray_data``).
     ``ScalingConfig(num_workers=(min, max))`` is followed: at every start of the worker group the
     scheduler is resized to its count (``Scheduler.resize``) and the run resumes from its checkpoint's
-    position with the new count's shares.
+    position with the new count's shares. With ``PDMLConfig(pipeline=PipelineConfig(stages=S, ...))``
+    the workers run as ``S`` pipeline stages x ``num_workers / S`` data-parallel replicas instead, without
+    node priorities; the loop takes ``pdml_ray.train.pipeline.get_pipeline_context()``.
     """
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
