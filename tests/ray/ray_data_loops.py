@@ -10,31 +10,11 @@ from pdml_ray.train.workloads import make_mlp
 
 
 def ray_data_loop(config):
-    """Two epochs of ctx.iter_torch_batches("train") with prefetching; each rank writes the row ids it
-    trained per step (they come back in the batches, from the dataset's own column)."""
-    torch.set_num_threads(1)
-    ctx = get_context()
-    # wide enough that a step's compute (several ms) stands above a loaded machine's timing jitter
-    model = ctx.prepare_model(make_mlp(16, 1024, 2, depth=2, seed=9))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    steps = []
-    for epoch in range(2):
-        for batch in ctx.iter_torch_batches("train", epoch=epoch, prefetch_batches=config["prefetch"]):
-            with ctx.step() as step:
-                step.loss(F.cross_entropy(model(batch["x"]), batch["y"], reduction="none")).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            steps.append({"epoch": epoch, "ids": batch["id"].tolist(), "sizes": list(ctx.decision.batch_sizes),
-                          "dtype": str(batch["x"].dtype)})
-    with open(f"{config['out']}.rank{ctx.rank}", "w") as f:
-        json.dump({"steps": steps, "adopted": ctx.adopted, "stale": ctx.stale_bundles}, f)
-
-
-def ray_data_resume_loop(config):
-    """Two epochs of ctx.iter_torch_batches with a checkpoint every 4 steps (model, optimizer, pdml-ray's
-    state); on its first start rank 1 dies at step ``crash_at``, and the group restarts from the latest
-    checkpoint. Rank 0 appends one JSON line per step: this start's first step, the step, the epoch and
-    every rank's row ids."""
+    """Two epochs of ctx.iter_torch_batches("train") with prefetching and a checkpoint every 4 steps
+    (model, optimizer, pdml-ray's state); on its first start rank 1 dies at step ``crash_at``, and the
+    group restarts from the latest checkpoint. Rank 0 appends one JSON line per step: this start's first
+    step, the step, the epoch, and every rank's row ids (from the dataset's own column), batch sizes in
+    force and input dtype. At the end each rank writes the decisions it adopted."""
     import os
     import tempfile
 
@@ -59,12 +39,15 @@ def ray_data_resume_loop(config):
                 step.loss(F.cross_entropy(model(batch["x"]), batch["y"], reduction="none")).backward()
             optimizer.step()
             optimizer.zero_grad()
-            ids = [None] * ctx.world_size
-            dist.all_gather_object(ids, batch["id"].tolist())
+            ranks = [None] * ctx.world_size
+            dist.all_gather_object(ranks, {"ids": batch["id"].tolist(), "sizes": list(ctx.decision.batch_sizes),
+                                           "dtype": str(batch["x"].dtype)})
             if ctx.rank == 0:
                 with open(config["out"], "a") as f:
-                    f.write(json.dumps({"start": start, "step": ctx.global_step - 1, "epoch": epoch, "ids": ids,
-                                        "sizes": list(ctx.decision.batch_sizes)}) + "\n")
+                    f.write(json.dumps({"start": start, "step": ctx.global_step - 1, "epoch": epoch,
+                                        "ids": [r["ids"] for r in ranks], "sizes": ranks[0]["sizes"],
+                                        "rank_sizes": [r["sizes"] for r in ranks],
+                                        "dtypes": [r["dtype"] for r in ranks]}) + "\n")
             if ctx.global_step == config["crash_at"] and ctx.rank == 1 and not os.path.exists(marker):
                 open(marker, "w").close()
                 os._exit(1)  # a worker dies: Ray Train restarts the group from the last checkpoint
@@ -75,3 +58,5 @@ def ray_data_resume_loop(config):
                                    os.path.join(d, "model.pt"))
                     ctx.report({"step": ctx.global_step},
                                checkpoint=ray.train.Checkpoint.from_directory(d) if ctx.rank == 0 else None)
+    with open(f"{config['out']}.rank{ctx.rank}", "w") as f:
+        json.dump({"adopted": ctx.adopted, "stale": ctx.stale_bundles}, f)
