@@ -24,12 +24,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pdml_ray.train.context import PDMLContext, StepBatch, get_context
+from pdml_ray.train.pipeline import PipelineContext, get_pipeline_context
 from pdml_ray.train.workloads import classification_loop
 
 if TYPE_CHECKING:
     from pdml_ray.train.trainer import PDMLRunInfo, PDMLTrainer
 
-__all__ = ["PDMLContext", "PDMLRunInfo", "PDMLTrainer", "StepBatch", "classification_loop", "get_context"]
+__all__ = ["PDMLContext", "PDMLRunInfo", "PDMLTrainer", "PipelineContext", "StepBatch", "classification_loop",
+           "get_context", "get_pipeline_context"]
 
 
 def __getattr__(name: str) -> Any:

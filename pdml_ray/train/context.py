@@ -59,7 +59,7 @@ def get_context() -> PDMLContext:
     if _context is None:
         raise UsageError("pdml_ray.train.get_context() is only available inside a training loop "
                          "launched by pdml_ray.train.PDMLTrainer (a pipeline run's loop takes "
-                         "pdml_ray.train.pipeline.get_pipeline_context())")
+                         "pdml_ray.train.get_pipeline_context())")
     return _context
 
 

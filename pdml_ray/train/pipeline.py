@@ -5,7 +5,7 @@ A ``PDMLTrainer`` run with ``PDMLConfig.pipeline`` set runs its ``W`` workers as
 stages x ``W / stages`` data-parallel replicas (``pipeline_layout``: rank r is stage r % S of replica
 r // S). In the loop:
 
-    ctx = pdml_ray.train.pipeline.get_pipeline_context()
+    ctx = pdml_ray.train.get_pipeline_context()
     pipe = ctx.prepare(model, microbatches=4, loss_fn=nn.functional.mse_loss,
                        optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
     for step in range(steps):
@@ -66,7 +66,7 @@ _context: PipelineContext | None = None  # this worker process's context while P
 def get_pipeline_context() -> PipelineContext:
     """The pipeline context of this Ray Train worker (inside a loop ``PDMLTrainer`` runs with ``pipeline`` set)."""
     if _context is None:
-        raise UsageError("pdml_ray.train.pipeline.get_pipeline_context() is only available inside a training loop "
+        raise UsageError("pdml_ray.train.get_pipeline_context() is only available inside a training loop "
                          "launched by pdml_ray.train.PDMLTrainer with PDMLConfig(pipeline=PipelineConfig(stages=...))")
     return _context
 

@@ -188,7 +188,7 @@ class PDMLTrainer:
     scheduler is resized to its count (``Scheduler.resize``) and the run resumes from its checkpoint's
     position with the new count's shares. With ``PDMLConfig(pipeline=PipelineConfig(stages=S, ...))``
     the workers run as ``S`` pipeline stages x ``num_workers / S`` data-parallel replicas instead, without
-    node priorities; the loop takes ``pdml_ray.train.pipeline.get_pipeline_context()``.
+    node priorities; the loop takes ``pdml_ray.train.get_pipeline_context()``.
     """
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,

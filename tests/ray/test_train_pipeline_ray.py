@@ -13,8 +13,7 @@ import torch
 
 from pdml_ray.config import NodePriorityConfig, PDMLConfig, PipelineConfig
 from pdml_ray.errors import ConfigError
-from pdml_ray.train import PDMLTrainer
-from pdml_ray.train.pipeline import get_pipeline_context
+from pdml_ray.train import PDMLTrainer, get_pipeline_context
 
 pytestmark = pytest.mark.ray
 
