@@ -33,9 +33,10 @@ def _model(sync, dev):
 
 
 def nan_loop(config):
-    """``steps`` steps; rank ``bad_rank`` poisons its loss at ``bad_steps`` (``kind``: 'nan' multiplies the
-    whole loss by NaN, so backward makes NaN gradients on that rank; 'inf' makes one sample's loss inf).
-    Rank 0 compares every step's update with the good ranks' update computed in one process."""
+    """``steps`` steps; rank ``bad_rank`` poisons its loss at ``bad_steps``, and every rank at
+    ``all_bad_steps`` (``kind``: 'nan' multiplies the whole loss by NaN, so backward makes NaN gradients on
+    that rank; 'inf' makes one sample's loss inf). Rank 0 compares every step's update with the good
+    ranks' update computed in one process."""
     from torch.distributed.tensor import DTensor
 
     torch.set_num_threads(1)
@@ -43,6 +44,7 @@ def nan_loop(config):
     dev = ctx.device
     steps, lr = config["steps"], 0.1
     bad_steps, bad_rank, kind = set(config["bad_steps"]), config.get("bad_rank", 1), config.get("kind", "nan")
+    all_bad_steps = set(config.get("all_bad_steps", ()))
     x, y = make_classification(steps * 128, 16, 3, seed=11)  # B = 128: `steps` steps
     model = ctx.prepare_model(_model(config["sync"], dev))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -65,7 +67,7 @@ def nan_loop(config):
             before = [full(p.detach()).clone() for p in model.parameters()]
             with ctx.step(batch) as step:
                 per_sample = F.cross_entropy(model(x[batch.indices]), y[batch.indices], reduction="none")
-                if bad_rank in (-1, ctx.rank) and batch.step in bad_steps:  # -1: every rank
+                if (bad_rank in (-1, ctx.rank) and batch.step in bad_steps) or batch.step in all_bad_steps:  # -1: every rank
                     if kind == "nan":
                         per_sample = per_sample * float("nan")
                     else:
