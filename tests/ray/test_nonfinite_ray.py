@@ -1,6 +1,6 @@
 """A worker whose loss is NaN or infinite, on real Ray Train workers (gloo): its contribution to the step
 is excluded and counted, the step's update equals the good workers' update computed in one process,
-training continues; a worker that keeps failing ends the run with an error naming it and the step."""
+training continues (when every worker fails, the step is dropped); a worker that keeps failing ends the run with an error naming it and the step."""
 
 import json
 import time
