@@ -30,10 +30,8 @@ def check_ray_train(config: PDMLConfig, num_workers: int | None = None, *, impor
 
 def pipeline_ray_train(config: PDMLConfig) -> None:
     """Raise ``ConfigError`` unless a pipeline run (``pipeline`` set) can run under ``PDMLTrainer``
-    (``pdml_ray.train.pipeline``): its stages given, a static schedule, and no axis it cannot act on.
-    ``PDMLTrainer`` checks that the stages divide its workers."""
-    from pdml_ray.pipeline.registry import STATIC_SCHEDULES
-
+    (``pdml_ray.train.pipeline``): its stages given, plans of one stage per worker, and no axis it cannot
+    act on. ``PDMLTrainer`` checks that the stages divide its workers."""
     pipeline = config.pipeline
     assert pipeline is not None
     if config.node_priority is not None:
@@ -51,7 +49,10 @@ def pipeline_ray_train(config: PDMLConfig) -> None:
     if pipeline.stages is None:
         raise ConfigError("a pipeline run under PDMLTrainer needs pipeline.stages: the stages per data-parallel "
                           "replica (num_workers must be a multiple of it), e.g. PipelineConfig(stages=2)")
-    if pipeline.schedule not in STATIC_SCHEDULES:
-        raise ConfigError(f"pipeline.schedule {pipeline.schedule!r} adapts to measured latencies, which torch's "
-                          f"pipeline runtime does not report back under PDMLTrainer: choose a static schedule, one "
-                          f"of {list(STATIC_SCHEDULES)}")
+    if pipeline.osprey.plans != "full-backward":
+        raise ConfigError(f"pipeline.osprey.plans {pipeline.osprey.plans!r} lets osprey choose two chunks per rank, "
+                          "but a PDMLTrainer pipeline builds one stage per worker at its start: set "
+                          "pipeline.osprey.plans: full-backward")
+    if pipeline.rebalance.enabled:
+        raise ConfigError("layer re-balancing moves layers between the Ray-actor runtime's stage replicas; a "
+                          "PDMLTrainer pipeline keeps its cut: set pipeline.rebalance.enabled: false")

@@ -14,6 +14,7 @@ The modules:
     result_metrics.py  pdml-ray's figures in ``Result.metrics``
     p3_sync.py         P3's send order for all-reduce users in Ray Train
     pipeline.py        pipeline x data parallelism in a Ray Train loop: torch's pipeline runtime per replica, gradients averaged per stage
+    pipeline_latency.py per-action latencies of a rank's stages on torch's pipeline runtime, for osprey and auto
     pipeline_layout.py pipeline x data-parallel ranks: rank r is stage r % S of replica r // S, and their groups
     irreducible.py     RHO-LOSS's irreducible-loss model: a holdout or cross-fitted folds, its per-sample losses and their cost
     workloads.py       small real workloads on generated data (demo, benchmarks, tests)

@@ -33,10 +33,11 @@ test_train_pipeline.py``, to 1e-5).
 
 Node priorities are off for pipeline runs: a replica's stages step in lockstep on the same
 micro-batches, so there is no per-worker batch share to act on, and ``PDMLTrainer`` refuses
-``node_priority`` (and ``sample_priority``) with ``pipeline``. Plans are static schedules
-(``gpipe``, ``1f1b``, ``1f1b-weighted``, ``critical-path``): torch's runtime reports no per-action
-latencies back to the scheduler, so osprey and auto could not adapt and are refused too. Ray-free:
-``PDMLTrainer``'s worker wrapper installs the context (``set_pipeline_context``).
+``node_priority`` (and ``sample_priority``) with ``pipeline``. Plans keep one stage per worker (the
+stages are built once): static schedules, or osprey and auto with ``osprey.plans='full-backward'``,
+which plan from every step's action latencies (``pipeline_latency``: the ranks time torch's compute
+calls, rank 0 sends the slowest replica's per action). Ray-free: ``PDMLTrainer``'s worker wrapper
+installs the context (``set_pipeline_context``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan, WorkerReport
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError, UsageError
 from pdml_ray.pipeline.plan import Plan
+from pdml_ray.pipeline.registry import STATIC_SCHEDULES
 from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages
+from pdml_ray.train.pipeline_latency import ActionTimer, LatencyRow, stage_latencies
 from pdml_ray.train.pipeline_layout import PipelineLayout
 
 PLAN_TIMEOUT_S = 60.0
@@ -84,8 +87,9 @@ class ScheduledStagePlans:
     one integer (the count of distinct plans) and the plan itself only when it changed."""
 
     def __init__(self, client: SchedulerClient | None, *, rank: int, stages: int, microbatches: int,
-                 device: torch.device) -> None:
-        self.client, self.rank, self.device = client, rank, device
+                 device: torch.device, adaptive: bool = False) -> None:
+        """``adaptive``: the schedule plans from measured latencies (osprey, auto), which ``observe`` sends."""
+        self.client, self.rank, self.device, self.adaptive = client, rank, device, adaptive
         self.shape = {"stages": stages, "replicas": 1, "microbatches": microbatches}  # every replica runs it
         self.decision: MicroBatchPlan | None = None
         """Rank 0: the newest decision the scheduler sent."""
@@ -120,6 +124,20 @@ class ScheduledStagePlans:
                                                 "axis); check that its actor is alive (`pdml-ray status`)")
             self.plan, self.plan_changes = Plan.from_dict(box[0]), int(flag.item())
         return self.plan
+
+    def observe(self, step: int, rows: list[LatencyRow]) -> None:
+        """Step ``step``'s action latencies on this rank (``ActionTimer``) to the scheduler, for an adaptive
+        schedule: gathered on rank 0 (a collective), the slowest replica's per action, fire-and-forget.
+        Sent after step ``step + 1``'s plan was asked for: that plan rests on steps up to ``step - 1``."""
+        if not self.adaptive:
+            return
+        gathered: list[Any] = [None] * dist.get_world_size() if self.rank == 0 else []
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.gather_object(rows, gathered if self.rank == 0 else None, dst=0)
+        else:
+            gathered = [rows]
+        if self.rank == 0 and self.client is not None:
+            self.client.observe("pipeline", step, stage_latencies(gathered))
 
     def _fetch(self, step: int) -> None:
         """Rank 0: take step ``step``'s decision (asked for a step ago) and ask for step ``step + 1``'s."""
@@ -172,9 +190,10 @@ class PipelineParallel:
         if plan.stage_rank is not None or plan.num_stages != layout.stages:
             raise ConfigError(f"{plan.schedule or 'the plan'} places {plan.num_stages} stages on ranks "
                               f"{plan.stage_rank}; a pipeline run under PDMLTrainer runs one stage per worker "
-                              f"({layout.stages}): use a static schedule (pipeline.schedule)")
+                              f"({layout.stages}): keep pipeline.osprey.plans 'full-backward'")
         self.stages = pipeline_stages(model, plan, self.stage, device, group=self.replica_group)
         self.runtime = TorchPlanRuntime(self.stages, microbatches, loss_fn=loss_fn)
+        self.timer = ActionTimer(self.stages) if plans.adaptive else None
         self.params = [p for s in self.stages for p in s.submod.parameters() if p.requires_grad]
         # a stage of parameter-free layers (an activation alone) has nothing to optimize
         self.optimizer = optimizer(self.params) if self.params else None
@@ -204,6 +223,8 @@ class PipelineParallel:
         self.runtime.step(*args, target=target.to(self.device) if self.last and target is not None else None,
                           losses=losses)
         t1 = time.perf_counter()
+        if self.timer is not None:
+            self.plans.observe(self.step_index, self.timer.take())
         loss = torch.stack([x.detach().float() for x in losses]).mean() if self.last else torch.zeros(())
         # One flat bucket (gradients, then the loss), summed over this stage's replicas and divided by them.
         bucket = torch.cat([p.grad.reshape(-1) for p in self.params] + [loss.reshape(1).to(self.device)])
@@ -269,6 +290,7 @@ class PipelineContext:
         self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.client, self.accelerator_type = client, accelerator_type
         self.layout = PipelineLayout.build(world_size, config.pipeline.stages)
+        self.schedule = config.pipeline.schedule
         self.stage, self.replica = self.layout.stage_of(rank), self.layout.replica_of(rank)
         self.report_fn: Any = None  # ray.train.report, set by PDMLTrainer (this module stays free of Ray)
         self.pipeline: PipelineParallel | None = None
@@ -282,7 +304,8 @@ class PipelineContext:
         if self.pipeline is not None:
             raise UsageError("ctx.prepare was already called: prepare one pipeline per training run")
         plans = ScheduledStagePlans(self.client, rank=self.rank, stages=self.layout.stages,
-                                    microbatches=microbatches, device=self.device)
+                                    microbatches=microbatches, device=self.device,
+                                    adaptive=self.schedule not in STATIC_SCHEDULES)
         self.pipeline = PipelineParallel(model, layout=self.layout, rank=self.rank, device=self.device, plans=plans,
                                          microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer,
                                          on_step=self._queue_report)

@@ -1,6 +1,7 @@
 """Pipeline x data parallelism inside ``PDMLTrainer``: 4 Ray Train workers of half a CPU each run 2 stages
-x 2 replicas on torch's pipeline runtime; after 3 steps the checkpoint reported through Ray Train holds
-the parameters of 3 SGD steps of the unsplit model on the whole batches."""
+x 2 replicas on torch's pipeline runtime, osprey planning from the latencies they measure; after 3 steps
+the checkpoint reported through Ray Train holds the parameters of 3 SGD steps of the unsplit model on
+the whole batches."""
 
 import os
 import tempfile
@@ -51,7 +52,8 @@ def pipeline_loop() -> None:
 
 
 def test_a_pipeline_run_trains_as_the_unsplit_model_and_reports_a_loadable_checkpoint(ray_local, tmp_path):
-    config = PDMLConfig(pipeline=PipelineConfig(schedule="1f1b", stages=STAGES), decision_interval=2)
+    # osprey: its plans (and the action latencies they rest on) travel through the run's scheduler actor
+    config = PDMLConfig(pipeline=PipelineConfig(schedule="osprey", stages=STAGES), decision_interval=2)
     result = PDMLTrainer(pipeline_loop, pdml_config=config,
                          scaling_config=ray.train.ScalingConfig(num_workers=WORKERS, resources_per_worker={"CPU": 0.5}),
                          run_config=ray.train.RunConfig(name="pipeline-dp", storage_path=str(tmp_path))).fit()
@@ -72,9 +74,11 @@ def test_a_pipeline_run_trains_as_the_unsplit_model_and_reports_a_loadable_check
     assert (m["stage"], m["replica"]) == (0, 0) and np.allclose(m["losses"], ref_losses, atol=1e-5)
     assert ref_losses[-1] < ref_losses[0]
     assert (m["pdml/pipeline_stages"], m["pdml/pipeline_replicas"], m["pdml/step"]) == (2.0, 2.0, float(STEPS))
-    assert m["pdml/pipeline_plan_changes"] == 1.0  # a static schedule: its plan travelled to the ranks once
+    assert m["pdml/pipeline_plan_changes"] >= 1.0
     stats = result.pdml.stats
     assert stats.derivers["pipeline"].plans >= STEPS and stats.reports_received >= WORKERS * 2  # every 2 steps
+    assert stats.derivers["pipeline"].steps_observed >= STEPS - 1  # the last step's latencies may still be in flight
+    assert stats.derivers["pipeline"].observations_rejected == 0
     assert not result.pdml.warnings
 
 

@@ -19,6 +19,7 @@ from pdml_ray.errors import ConfigError
 from pdml_ray.pipeline.torch_exec import run_local_ranks
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.train.pipeline import PipelineContext
+from pdml_ray.train.pipeline_latency import stage_latencies
 
 WORKERS, MICROBATCHES, ROWS, LR, STEPS = 4, 2, 8, 0.1, 2
 TOLERANCE = 1e-5
@@ -56,7 +57,8 @@ def _train(rank: int, world_size: int, schedule: str, stages: int) -> dict[str, 
     return {"stage": ctx.stage, "replica": ctx.replica, "losses": losses, "plans": pipe.plans.plan_changes,
             "state": {k: v.numpy() for k, v in state.items()} if state is not None else None,
             "reports": stats.reports_received if stats is not None else None,
-            "pipeline": stats.derivers["pipeline"].plans if stats is not None else None}
+            "pipeline": stats.derivers["pipeline"].plans if stats is not None else None,
+            "observed": stats.derivers["pipeline"].steps_observed if stats is not None else None}
 
 
 def _reference(stages: int) -> tuple[list[float], dict[str, np.ndarray]]:
@@ -73,10 +75,10 @@ def _reference(stages: int) -> tuple[list[float], dict[str, np.ndarray]]:
     return losses, {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("schedule, stages", [("1f1b", 2), ("gpipe", 4), ("1f1b", 1)])
+@pytest.mark.parametrize("schedule, stages", [("1f1b", 2), ("gpipe", 4), ("1f1b", 1), ("osprey", 2)])
 def test_stages_by_replicas_equal_full_batch_steps_of_the_unsplit_model(schedule: str, stages: int) -> None:
     # 2 x 2; 4 stages of one replica (no gradient all-reduce; the 5 layers leave one stage parameter-free);
-    # 1 stage of 4 replicas (plain data parallel)
+    # 1 stage of 4 replicas (plain data parallel); osprey, planning from the latencies the ranks measure
     ranks = run_local_ranks(_train, WORKERS, schedule, stages, start_method="fork")  # no Ray here: fork is safe
     assert [(r["stage"], r["replica"]) for r in ranks] == [(k % stages, k // stages) for k in range(WORKERS)]
     ref_losses, ref_state = _reference(stages)
@@ -94,7 +96,10 @@ def test_stages_by_replicas_equal_full_batch_steps_of_the_unsplit_model(schedule
     # the scheduler's pipeline axis planned each step (one ahead); rank 0's report of each step reached it
     # (the other ranks have no client here); the static plan, new versions of it every step, travelled once
     assert ranks[0]["pipeline"] >= STEPS and ranks[0]["reports"] == STEPS
-    assert [r["plans"] for r in ranks] == [1] * WORKERS
+    if schedule == "osprey":  # every step's action latencies reached the scheduler (static schedules send none)
+        assert ranks[0]["observed"] == STEPS
+    else:
+        assert ranks[0]["observed"] == 0 and [r["plans"] for r in ranks] == [1] * WORKERS
 
 
 @pytest.mark.parametrize("sections, match", [
@@ -110,10 +115,19 @@ def test_axes_a_pipeline_run_cannot_act_on_are_refused(sections: dict[str, Any],
 
 @pytest.mark.parametrize("pipeline, match", [
     ({"schedule": "1f1b"}, "needs pipeline.stages"),
-    ({"schedule": "osprey", "stages": 2}, r"'osprey' adapts to measured latencies.*one of \['gpipe', '1f1b'"),
-    ({"stages": 2}, "'auto' adapts"),  # the default schedule
+    ({"schedule": "osprey", "stages": 2, "osprey": {"plans": "any"}}, "set pipeline.osprey.plans: full-backward"),
+    ({"stages": 2, "rebalance": {"enabled": True}}, "set pipeline.rebalance.enabled: false"),
 ])
-def test_a_pipeline_run_needs_its_stages_and_a_static_schedule(pipeline: dict[str, Any], match: str) -> None:
+def test_a_pipeline_run_needs_its_stages_and_one_stage_per_worker(pipeline: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         check_ray_train(PDMLConfig.from_dict({"pipeline": pipeline}), 4)
-    check_ray_train(PDMLConfig.from_dict({"pipeline": {"schedule": "gpipe", "stages": 2}}), 4)  # no node section needed
+    for schedule in ("gpipe", "osprey", "auto"):  # no node section needed
+        check_ray_train(PDMLConfig.from_dict({"pipeline": {"schedule": schedule, "stages": 2}}), 4)
+
+
+def test_a_steps_latencies_are_the_slowest_replicas_per_action() -> None:
+    replica0 = [(0, "F", 0, 0.010), (0, "B", 0, 0.020)]
+    replica1 = [(0, "F", 0, 0.030), (0, "B", 0, 0.015)]
+    stage1 = [(1, "F", 0, 0.005)]
+    assert stage_latencies([replica0, stage1, replica1, []]) == [(0, 0, "B", 0, 0.020), (0, 0, "F", 0, 0.030),
+                                                                (1, 0, "F", 0, 0.005)]
