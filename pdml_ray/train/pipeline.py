@@ -199,7 +199,6 @@ class PipelineParallel:
         self.optimizer = optimizer(self.params) if self.params else None
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=False)
-        self.microbatches = microbatches
         self.on_step = on_step
         self.last_compute_s = 0.0
         """Seconds of the newest step inside torch's runtime (its waits on the other stages included)."""
@@ -327,6 +326,8 @@ class PipelineContext:
         pipe = self.pipeline
         pdml = {"pdml/step": float(pipe.step_index if pipe else 0),
                 "pdml/pipeline_plan_changes": float(pipe.plans.plan_changes if pipe else 0),
+                # rank 0's steps that ran the newest plan again because the scheduler's answer was late (others: 0)
+                "pdml/pipeline_plan_fallbacks_total": float(pipe.plans.fallbacks if pipe else 0),
                 "pdml/pipeline_stages": float(self.layout.stages), "pdml/pipeline_replicas": float(self.layout.replicas)}
         self.report_fn({**pdml, **metrics}, checkpoint=checkpoint)  # the user's keys win
 
