@@ -18,7 +18,9 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
   ``--uniform-mix`` where given; the JSON lists them in ``overrides_of_library_defaults``):
   importance-weight exponent beta annealed 0.4 -> 1 over 1,000 steps, loss ``sum(w l) / sum(w)``;
 - the other modes, same table and sampler: ``annealed`` (beta rising late), ``selective_backprop``
-  (uniform draws, the high-loss third of each batch backpropagated), ``rho_loss`` (draws by loss minus
+  (uniform draws; each batch scored by a forward without gradients, then its high-loss third forwarded
+  again and backpropagated alone, as ``ctx.step``'s ``backprop_rows``: the arm's wall time holds the
+  scoring forward and the saved backward; ``backprop_fraction`` in its JSON), ``rho_loss`` (draws by loss minus
   an irreducible-loss model's loss; that model is cross-fitted on the training set with class-balanced
   draws, ``pdml_ray.bench.sampling_rho``, and its training and inference time is counted in the arm's
   wall time from step 0);
@@ -85,8 +87,9 @@ ARMS: dict[str, str] = {
     "annealed": "mode annealed: loss priority, beta 0.4 -> 1 rising as the cube of the anneal (biased until late)",
     "annealed_beta0": "mode annealed from beta 0 (is_exponent_start 0: no correction at first, rising as the "
                       "cube of the anneal to 1 at 1,000 steps): the most biased label-free arm",
-    "selective_backprop": "mode selective-backprop: uniform draws, each batch's losses at or above the 2/3 "
-                          "percentile of the last 4,096 backpropagated (biased)",
+    "selective_backprop": "mode selective-backprop: uniform draws, each batch scored without gradients, the "
+                          "samples at or above the 2/3 percentile of the last 4,096 losses forwarded again and "
+                          "backpropagated alone (biased: their mean)",
     "rho_loss": "mode rho-loss: priority by loss minus an irreducible-loss model's loss (two-layer width-64 "
                 "models cross-fitted on the training set's folds, class-balanced draws with the logit adjustment; "
                 "their cost counted)",
@@ -287,19 +290,16 @@ class _Arm:
             w = None if weights.min() == 1.0 else torch.from_numpy(weights / weights.sum())
         t1 = time.perf_counter()
         ti = torch.from_numpy(idx)
-        logits, target = self.model(self.x[ti]).squeeze(1), self.y[ti]
-        per_sample = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
-        trained = per_sample
-        if self.focal:  # (1 - p_t)^gamma down-weights the well-classified samples
-            p = torch.sigmoid(logits)
-            trained = per_sample * (1.0 - (p * target + (1.0 - p) * (1.0 - target))) ** _FOCAL_GAMMA
-        if self.selector is not None:  # the chosen high-loss share's mean; the rest were forwarded only
-            t_sel = time.perf_counter()
-            chosen = torch.from_numpy(self.selector.select(per_sample.detach().numpy()))
-            self.overhead_s += time.perf_counter() - t_sel
-            trained = torch.where(chosen, per_sample * (per_sample.numel() / max(int(chosen.sum()), 1)),
-                                  torch.zeros_like(per_sample))
-        loss = trained.mean() if w is None else trained @ w
+        if self.selector is not None:
+            per_sample, loss = self._selective_backprop_loss(self.selector, ti, w)
+        else:
+            logits, target = self.model(self.x[ti]).squeeze(1), self.y[ti]
+            per_sample = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+            trained = per_sample
+            if self.focal:  # (1 - p_t)^gamma down-weights the well-classified samples
+                p = torch.sigmoid(logits)
+                trained = per_sample * (1.0 - (p * target + (1.0 - p) * (1.0 - target))) ** _FOCAL_GAMMA
+            loss = trained.mean() if w is None else trained @ w
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -309,6 +309,24 @@ class _Arm:
             self.sp.note_step_seconds(t2 - t1)  # the pay switch's cost reference: the step without selection
             self.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
         self.train_s += time.perf_counter() - t0
+
+    def _selective_backprop_loss(self, selector: BackpropSelector, ti, w):
+        """Selective-Backprop as ``ctx.step``'s ``backprop_rows`` runs it: the whole batch scored without
+        gradients, the high-loss share forwarded again and backpropagated alone (the chosen rows' mean, as
+        the masked form). Returns every sample's loss (the table's feedback) and the loss to backpropagate."""
+        import torch
+        import torch.nn.functional as F
+
+        x, target = self.x[ti], self.y[ti]
+        with torch.no_grad():  # the scoring forward: no graph over the batch
+            per_sample = F.binary_cross_entropy_with_logits(self.model(x).squeeze(1), target, reduction="none")
+        t_sel = time.perf_counter()
+        rows = torch.from_numpy(selector.rows(per_sample.numpy()))  # (k,) int64
+        self.overhead_s += time.perf_counter() - t_sel
+        chosen = F.binary_cross_entropy_with_logits(self.model(x[rows]).squeeze(1), target[rows], reduction="none")
+        scale = per_sample.numel() / max(rows.numel(), 1)  # w sums to 1 over the batch: rescaled to the chosen
+        loss = chosen.mean() if w is None else (chosen * scale) @ w[rows]
+        return per_sample, loss
 
     def evaluate(self, step: int, xt, yt, target: float) -> None:
         import torch
@@ -343,6 +361,9 @@ class _Arm:
                 priority_stats=dataclasses.asdict(stats),
                 # the pay switch's verdicts: (first step of the probe, measured gain, priority on after it)
                 switch_verdicts=[list(v) for v in self.sp.switch.verdicts])
+        if self.selector is not None:  # the share of the forwarded samples that was backpropagated
+            sel = self.selector
+            out["backprop_fraction"] = sel.trained / max(sel.trained + sel.forward_only, 1)
         return out
 
 
@@ -415,7 +436,7 @@ def _arm_summary(trials: list[dict[str, Any]], name: str) -> dict[str, Any]:
         "final_accuracy": median([r["final"].get("accuracy") for r in per]),
     }
     for key in ("priority_overhead_fraction", "continuity_overhead_fraction", "continuity_update_fraction",
-                "continuity_check_us", "recalibration_overhead_fraction"):
+                "continuity_check_us", "recalibration_overhead_fraction", "backprop_fraction"):
         if key in per[0]:
             out[key] = median([r[key] for r in per])
     if "priority_stats" in per[0]:  # the pay switch, over seeds: switches and the share of seeds ending on

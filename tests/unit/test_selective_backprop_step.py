@@ -127,3 +127,39 @@ def test_misuse_is_refused_with_the_form_to_use():
         with other.step(_batch(np.ones(B, dtype=np.float32))) as step:
             with torch.no_grad():
                 step.backprop_rows(_loss(other_model, x, y))
+
+
+def test_the_bench_arm_backpropagates_the_chosen_rows_alone_with_the_masked_forms_gradient():
+    import argparse
+
+    import torch.nn.functional as F
+
+    from pdml_ray.bench import sampling
+    from pdml_ray.bench.common import add_common_arguments
+    from pdml_ray.priority.sample import SamplePrioritizer
+
+    parser = argparse.ArgumentParser()
+    sampling.add_arguments(parser)
+    add_common_arguments(parser)
+    args = parser.parse_args(["--dataset-size", "200", "--hidden", "8", "--batch-size", "32"])
+    (x, y), _ = sampling._make_task(3, 200, 0)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    sp = SamplePrioritizer(200, sampling.priority_config(args, "selective_backprop"), seed=1)
+    arm = sampling._Arm("selective_backprop", x, y, args, 0, 1e-2, sp)
+    ref = copy.deepcopy(arm.model)
+    rows_seen: list[int] = []
+    arm.model[4].register_full_backward_hook(lambda m, gin, gout: rows_seen.append(gout[0].shape[0]))
+    ti = torch.arange(32)
+    w = torch.linspace(0.5, 2.0, 32) / torch.linspace(0.5, 2.0, 32).sum()  # normalised weights, as a plan's
+    per_sample, loss = arm._selective_backprop_loss(arm.selector, ti, w)
+    loss.backward()
+    k = arm.selector.trained
+    assert 0 < k < 32 and rows_seen == [k]  # backward over the chosen rows only
+    full = F.binary_cross_entropy_with_logits(ref(x[ti]).squeeze(1), y[ti], reduction="none")
+    torch.testing.assert_close(per_sample, full.detach(), rtol=0, atol=1e-6)  # every sample's feedback
+    chosen = per_sample >= torch.sort(per_sample).values[32 - k]  # the masked form over the same rows
+    ((torch.where(chosen, full * (32 / k), torch.zeros_like(full))) @ w).backward()
+    for p, q in zip(arm.model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6)
+    arm.train_s = 1.0  # result() divides by the arm's wall time: no step() ran here
+    assert arm.result(1)["backprop_fraction"] == pytest.approx(k / 32)
