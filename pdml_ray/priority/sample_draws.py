@@ -151,7 +151,7 @@ class SampleDraws:
         other modes, and while fewer than 64 losses arrived: each worker then uses its own)."""
         if self.recent_losses is None or len(self.recent_losses) < _MIN_THRESHOLD_LOSSES:
             return None
-        return self.recent_losses.quantile(1.0 - self.config.backprop_share)
+        return self.recent_losses.threshold(1.0 - self.config.backprop_share)
 
     def probabilities(self, indices: np.ndarray, step: int) -> np.ndarray:
         """p_i of ``indices`` (float64, same shape) under the distribution used at ``step``."""

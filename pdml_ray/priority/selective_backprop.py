@@ -7,8 +7,9 @@ gradients, then forward and backpropagate the chosen rows (``rows``; ``StepScope
 batch.
 
 A worker keeps its last ``window`` per-sample losses in a ring buffer. For a new batch of losses the
-threshold is the ``1 - share`` quantile of the buffer with the batch in it; the samples at or above it
-are backpropagated (at least one per non-empty batch: the highest). The rest were forwarded only: they
+threshold is the ``1 - share`` quantile of the buffer with the batch in it (just above it where that
+value is tied with lower-ranked losses, ``LossWindow.threshold``); the samples at or above it are
+backpropagated (at least one per non-empty batch: the highest). The rest were forwarded only: they
 cost a forward pass and are counted apart (``forward_only``). O(window) per batch (one
 ``np.partition``), a few microseconds at the default 4,096.
 
@@ -39,13 +40,21 @@ class LossWindow:
     def __len__(self) -> int:
         return self._size
 
-    def quantile(self, q: float) -> float:
-        """The q quantile (0 <= q < 1) of the window, a value of it (nan while it is empty). O(window)."""
+    def threshold(self, q: float) -> float:
+        """The loss at or above which a sample ranks in the top ``1 - q`` of the window (0 <= q < 1; nan
+        while it is empty), O(window): its q quantile, a value of it, unless that value is tied with
+        losses ranked below the quantile, then just above it. A sample is chosen by its rank, the share
+        of the window strictly below it: a mass of equal losses (float32 losses of confident predictions
+        round to exactly 0, most of a window late in training) would otherwise all sit "at" the quantile
+        and all be chosen."""
         if self._size == 0:
             return float("nan")
         history = self._ring[:self._size]
         k = min(int(np.floor(q * history.size)), history.size - 1)
-        return float(np.partition(history, k)[k])
+        value = float(np.partition(history, k)[k])
+        if np.count_nonzero(history < value) < k:  # value's ties reach below rank k
+            value = float(np.nextafter(value, np.inf))
+        return value
 
     def add(self, losses: np.ndarray) -> None:
         """Remember ``losses`` (float (B,), finite), the oldest leaving once the window is full."""
@@ -85,7 +94,7 @@ class BackpropSelector:
         mask = np.zeros(losses.size, dtype=bool)
         if finite.any():
             if threshold is None:
-                threshold = self.history.quantile(1.0 - self.share)
+                threshold = self.history.threshold(1.0 - self.share)
             mask = finite & (losses >= threshold)
             if not mask.any():  # every finite loss below the threshold: train the batch's highest
                 mask[np.flatnonzero(finite)[np.argmax(losses[finite])]] = True

@@ -163,3 +163,21 @@ def test_the_bench_arm_backpropagates_the_chosen_rows_alone_with_the_masked_form
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6)
     arm.train_s = 1.0  # result() divides by the arm's wall time: no step() ran here
     assert arm.result(1)["backprop_fraction"] == pytest.approx(k / 32)
+
+
+def test_tied_losses_at_the_percentile_are_chosen_by_their_rank_not_all():
+    from pdml_ray.priority.sample import SamplePrioritizer
+    from pdml_ray.priority.selective_backprop import BackpropSelector
+
+    # 70% of the losses exactly 0 (float32 losses of confident predictions), 30% positive and distinct
+    losses = np.concatenate([np.zeros(700), np.linspace(0.1, 3.0, 300)])
+    sel = BackpropSelector(1 / 3, 1000)
+    assert sel.select(losses).sum() == 300  # the positive ones; ">= the quantile 0" chose all 1,000
+    continuous = np.linspace(0.0, 1.0, 12)  # no ties: the quantile itself is chosen, as before
+    assert BackpropSelector(0.25, 12).select(continuous).sum() == 3
+    table = SamplePrioritizer(1000, SamplePriorityConfig(mode="selective-backprop", backprop_share=1 / 3,
+                                                         percentile_window=1000), seed=0)
+    table.update(np.arange(1000), losses, step=0)
+    threshold = table.plan(1, [64]).backprop_threshold  # the cluster's, by the same rule
+    assert threshold is not None and 0.0 < threshold < 0.1
+    assert BackpropSelector(1 / 3, 1000).select(losses, threshold).sum() == 300
