@@ -8,9 +8,19 @@ r // S). In the loop:
     ctx = pdml_ray.train.get_pipeline_context()
     pipe = ctx.prepare(model, microbatches=4, loss_fn=nn.functional.mse_loss,
                        optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
-    for step in range(steps):
+    for step in range(ctx.start_step, steps):  # 0, or where a resumed run's checkpoint stood
         x, y = batch_of(ctx.replica)          # this replica's share of the global batch
         loss = pipe.step(x, y)                # the global batch's mean loss, on every rank
+
+A checkpoint holds the whole model and every stage's optimizer state, both gathered on rank 0
+(``pipe.state_dict()``, ``pipe.optimizer_state_dict()``: collectives; the user saves them), and pdml-ray's
+state, which ``ctx.report`` adds on rank 0 (the scheduler's, and the steps trained). On a restart
+``PDMLTrainer`` restores pdml-ray's state before the loop (``ctx.start_step``), and the loop loads the
+rest on every rank (``pipe.load_state_dict(model_state, optimizer_state)``). Gathered on rank 0 rather
+than written per stage: the checkpoint stays one rank's directory, saved as a data-parallel loop saves
+it (Ray Train would merge several ranks' directories, but every stage's replica 0 would then report one,
+and a model saved in shards no longer loads into the unsplit model); a model too large for rank 0's
+memory would want per-stage files.
 
 Each step of ``pipe.step``:
 
@@ -42,8 +52,9 @@ installs the context (``set_pipeline_context``).
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -53,15 +64,20 @@ from torch import nn
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan, WorkerReport
-from pdml_ray.errors import ConfigError, SchedulerUnavailableError, UsageError
+from pdml_ray.errors import ConfigError, PDMLError, SchedulerUnavailableError, StateError, UsageError
 from pdml_ray.pipeline.plan import Plan
 from pdml_ray.pipeline.registry import STATIC_SCHEDULES
 from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages
+from pdml_ray.state_format import check_scheduler_decisions, read_state, write_state
+from pdml_ray.train.context import SCHEDULER_STATE_FILE
 from pdml_ray.train.pipeline_latency import ActionTimer, LatencyRow, stage_latencies
 from pdml_ray.train.pipeline_layout import PipelineLayout
 
 PLAN_TIMEOUT_S = 60.0
 """Longest rank 0 waits for a step's plan before it runs the newest plan it has again."""
+
+_SAVED_KEYS = {"state", "global_step", "stages"}
+"""What a pipeline run's ``save_scheduler_state`` writes (the scheduler's state, the steps trained, the stages)."""
 
 _context: PipelineContext | None = None  # this worker process's context while PDMLTrainer runs a pipeline loop
 
@@ -172,8 +188,9 @@ class PipelineParallel:
     def __init__(self, model: nn.Sequential, *, layout: PipelineLayout, rank: int, device: torch.device,
                  plans: ScheduledStagePlans, microbatches: int, loss_fn: Callable[..., torch.Tensor],
                  optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 on_step: Callable[[int, int, float, float], None] | None = None) -> None:
-        """``on_step(step, samples, loss, step_s)`` runs after each step (the context's report)."""
+                 on_step: Callable[[int, int, float, float], None] | None = None, start_step: int = 0) -> None:
+        """``on_step(step, samples, loss, step_s)`` runs after each step (the context's report); ``start_step``:
+        the first step's number (a resumed run's, ``PipelineContext.start_step``)."""
         if not isinstance(model, nn.Sequential):
             raise UsageError(f"a pipeline run splits an nn.Sequential into stages, got {type(model).__name__}; "
                              "write the model as nn.Sequential(layer, layer, ...)")
@@ -185,8 +202,8 @@ class PipelineParallel:
         self.stage_group = _group_of(layout.stage_groups(), rank) if layout.replicas > 1 else None
         self.first, self.last = self.stage == 0, self.stage == layout.stages - 1
         self.last_rank = layout.rank_at(layout.stages - 1, self.replica)  # global rank holding the loss
-        self.step_index = 0
-        plan = plans.plan_for(0)
+        self.step_index = start_step
+        plan = plans.plan_for(start_step)
         if plan.stage_rank is not None or plan.num_stages != layout.stages:
             raise ConfigError(f"{plan.schedule or 'the plan'} places {plan.num_stages} stages on ranks "
                               f"{plan.stage_rank}; a pipeline run under PDMLTrainer runs one stage per worker "
@@ -268,6 +285,67 @@ class PipelineParallel:
             state.update(part or {})
         return state
 
+    def optimizer_state_dict(self) -> dict[str, list[dict[str, Any] | None]] | None:
+        """Every stage's optimizer state on rank 0, gathered from replica 0's stages as ``state_dict`` gathers
+        the model (a stage's replicas step alike: their gradients are averaged first), tensors on the CPU:
+        ``{"stages": [stage 0's optimizer.state_dict(), ...]}``, None for a stage without parameters; None
+        on the other ranks. A collective: every rank calls it. Save it beside ``state_dict()`` and give both
+        to ``load_state_dict`` when the run resumes."""
+        mine = _on_cpu(self.optimizer.state_dict()) if self.replica == 0 and self.optimizer is not None else None
+        gathered: list[Any] = [None] * self.layout.world_size if self.rank == 0 else []
+        dist.gather_object(mine, gathered if self.rank == 0 else None, dst=0)
+        if self.rank != 0:
+            return None
+        return {"stages": [gathered[self.layout.rank_at(k, 0)] for k in range(self.layout.stages)]}
+
+    def load_state_dict(self, model_state: Mapping[str, torch.Tensor],
+                        optimizer_state: Mapping[str, Any] | None = None) -> None:
+        """Restore what ``state_dict()`` and ``optimizer_state_dict()`` saved, on every rank (each reads the
+        checkpoint; not a collective), before the first step: the whole model's state (every rank holds the
+        whole ``nn.Sequential``, its stage's layers included) and this stage's optimizer state (momentum,
+        Adam's moments and step). StateError, naming the fix, if they do not fit this run."""
+        try:
+            self.model.load_state_dict(model_state)
+        except (RuntimeError, TypeError, AttributeError) as e:
+            raise StateError(f"the checkpoint's model state does not fit the model given to ctx.prepare: {e}. "
+                             "Resume with the same nn.Sequential") from None
+        if optimizer_state is None:
+            return
+        stages = optimizer_state.get("stages") if isinstance(optimizer_state, Mapping) else None
+        if not isinstance(stages, list):
+            raise StateError("the optimizer state must be what pipe.optimizer_state_dict() returns on rank 0 "
+                             f"({{'stages': [...]}}), got {type(optimizer_state).__name__}: save that one")
+        if len(stages) != self.layout.stages:
+            raise StateError(f"the checkpoint's optimizer state holds {len(stages)} stages' states and this run "
+                             f"has {self.layout.stages} stages (their parameters are cut by the stage count): "
+                             f"resume with pipeline.stages={len(stages)}, or load the model alone "
+                             "(optimizer_state=None)")
+        saved = stages[self.stage]
+        if (saved is None) != (self.optimizer is None):
+            raise StateError(f"the checkpoint's optimizer state of stage {self.stage} is "
+                             f"{'empty' if saved is None else 'there'}, but this stage has "
+                             f"{'parameters' if self.optimizer is not None else 'none'}: resume with the same model "
+                             "and pipeline.stages")
+        if self.optimizer is not None:
+            try:
+                self.optimizer.load_state_dict(saved)
+            except (ValueError, KeyError, TypeError) as e:
+                raise StateError(f"the checkpoint's optimizer state of stage {self.stage} does not fit its "
+                                 f"optimizer: {e}. Resume with the same optimizer factory, model and "
+                                 "pipeline.stages") from None
+
+
+def _on_cpu(x: Any) -> Any:
+    """``x`` (an optimizer's state dict) with every tensor a CPU copy of its own: rank 0 keeps no reference
+    to a live buffer, and unpickles no other rank's device."""
+    if torch.is_tensor(x):
+        return x.detach().cpu().clone()
+    if isinstance(x, dict):
+        return {k: _on_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_on_cpu(v) for v in x)
+    return x
+
 
 def _group_of(groups: Sequence[list[int]], rank: int) -> Any:
     """Create every group (all ranks must, in the same order) and return the one holding ``rank``."""
@@ -292,6 +370,8 @@ class PipelineContext:
         self.schedule = config.pipeline.schedule
         self.stage, self.replica = self.layout.stage_of(rank), self.layout.replica_of(rank)
         self.report_fn: Any = None  # ray.train.report, set by PDMLTrainer (this module stays free of Ray)
+        self.start_step = 0
+        """The first step this run trains: 0, or the steps a resumed run's checkpoint had trained."""
         self.pipeline: PipelineParallel | None = None
         self._reports: list[WorkerReport] = []
 
@@ -307,7 +387,7 @@ class PipelineContext:
                                     adaptive=self.schedule not in STATIC_SCHEDULES)
         self.pipeline = PipelineParallel(model, layout=self.layout, rank=self.rank, device=self.device, plans=plans,
                                          microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer,
-                                         on_step=self._queue_report)
+                                         on_step=self._queue_report, start_step=self.start_step)
         return self.pipeline
 
     def _queue_report(self, step: int, samples: int, loss: float, step_s: float) -> None:
@@ -317,12 +397,23 @@ class PipelineContext:
             worker_id=self.rank, step=step, samples=samples, compute_s=self.pipeline.last_compute_s,
             wait_s=self.pipeline.last_wait_s, step_s=step_s, loss=loss, accelerator_type=self.accelerator_type))
         if len(self._reports) >= self.config.decision_interval:
-            self.flush()
+            self._send_reports(flush=False)
 
     def report(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
-        """``ray.train.report(metrics, checkpoint=...)`` with pdml-ray's figures added (``pdml/`` keys)."""
+        """``ray.train.report(metrics, checkpoint=...)`` with pdml-ray's figures added (``pdml/`` keys) and,
+        with a checkpoint (``ray.train.Checkpoint.from_directory(d)``, on rank 0), pdml-ray's state in it
+        (``save_scheduler_state``): a run resumed from it (``FailureConfig`` restart, or a rerun under the
+        same ``RunConfig(name, storage_path)``) continues at ``ctx.start_step`` with the scheduler's state of
+        then, which ``PDMLTrainer`` restores before the loop; the loop restores its model and optimizers
+        (``pipe.load_state_dict``)."""
         if self.report_fn is None:
             raise UsageError("ctx.report needs the Ray Train worker PDMLTrainer launches (it calls ray.train.report)")
+        if checkpoint is not None and self.rank == 0:
+            directory = getattr(checkpoint, "path", None)
+            if directory is None or not os.path.isdir(directory):
+                raise UsageError("ctx.report needs a checkpoint made from a local directory "
+                                 "(ray.train.Checkpoint.from_directory(d)) to add pdml-ray's state to it")
+            self.save_scheduler_state(directory)
         pipe = self.pipeline
         pdml = {"pdml/step": float(pipe.step_index if pipe else 0),
                 "pdml/pipeline_plan_changes": float(pipe.plans.plan_changes if pipe else 0),
@@ -331,8 +422,56 @@ class PipelineContext:
                 "pdml/pipeline_stages": float(self.layout.stages), "pdml/pipeline_replicas": float(self.layout.replicas)}
         self.report_fn({**pdml, **metrics}, checkpoint=checkpoint)  # the user's keys win
 
+    def save_scheduler_state(self, directory: str) -> bool:
+        """Rank 0: write the scheduler's state (its ``pipeline`` axis: the schedule's estimates and counters,
+        and the run's report history) and the steps trained into a checkpoint directory, beside the model,
+        as data (``pdml_ray.state_format``: JSON plus arrays, never a pickle), in the file a data-parallel
+        run's checkpoint holds it in. Other ranks do nothing. Returns whether a file was written."""
+        if self.rank != 0 or self.client is None:
+            return False
+        self.flush()  # this run's reports in before the state is taken
+        step = self.pipeline.step_index if self.pipeline is not None else self.start_step
+        write_state(os.path.join(directory, SCHEDULER_STATE_FILE),
+                    {"state": self.client.call("state_dict"), "global_step": step, "stages": self.layout.stages})
+        return True
+
+    def load_scheduler_state(self, directory: str) -> bool:
+        """Restore what ``save_scheduler_state`` wrote, before ``prepare`` (``PDMLTrainer`` calls it before the
+        loop with ``ray.train.get_checkpoint()``'s directory): rank 0 loads it into the scheduler, every rank
+        sets ``start_step``. Returns False if the checkpoint has no pdml-ray state. Every rank reads and
+        checks the whole file first: one it refuses raises the same StateError on every rank, and nothing
+        changes."""
+        if self.pipeline is not None:
+            raise UsageError("load_scheduler_state restores where a run resumes: call it before ctx.prepare")
+        path = os.path.join(directory, SCHEDULER_STATE_FILE)
+        if not os.path.exists(path):
+            return False
+        saved = read_state(path)  # StateError naming the file if it is not a whole pdml-ray state
+        try:
+            if not (isinstance(saved, dict) and set(saved) == _SAVED_KEYS):
+                raise StateError(f"it does not hold the {', '.join(sorted(_SAVED_KEYS))} a pipeline run's "
+                                 "save_scheduler_state writes (a data-parallel run's checkpoint?)")
+            step, stages = saved["global_step"], saved["stages"]
+            if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+                raise StateError(f"its global_step must be an integer >= 0, got {step!r:.40}")
+            if stages != self.layout.stages:
+                raise StateError(f"it was written by a run of {stages!r:.20} stages and this one has "
+                                 f"{self.layout.stages} (set pipeline.stages={stages!r:.20})")
+            check_scheduler_decisions(saved["state"], self.config, self.world_size)
+        except PDMLError as e:
+            raise StateError(f"{path} holds a pdml-ray state this pipeline run refuses: {e}. Resume from another "
+                             "checkpoint, or with the config that wrote it") from None
+        if self.rank == 0 and self.client is not None:
+            self.client.call("load_state_dict", saved["state"])
+        self.start_step = step
+        return True
+
     def flush(self) -> None:
-        """Send the reports still buffered (fire-and-forget)."""
-        if self.client is not None and self._reports:
-            self.client.report(self._reports)
+        """Send the reports still buffered and wait for them to be in (the end of training, a checkpoint)."""
+        self._send_reports(flush=True)
+
+    def _send_reports(self, flush: bool) -> None:
+        """The buffered reports to the scheduler: fire-and-forget, or with ``flush`` waiting for them."""
+        if self.client is not None and (self._reports or flush):  # a flush also sends what the client held back
+            self.client.report(self._reports, flush=flush)
         self._reports = []

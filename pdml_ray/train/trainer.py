@@ -97,6 +97,11 @@ def _run_pipeline_worker(user_loop: Callable, config: dict, pdml_config: PDMLCon
     accel = detect_accelerator_type(device, [])
     context = PipelineContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, client, accel)
     context.report_fn = ray.train.report
+    checkpoint = ray.train.get_checkpoint()  # a restart or a rerun: pdml-ray's state, before the loop's prepare
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            if context.load_scheduler_state(directory):
+                log.info("rank %d resumes at step %d", context.rank, context.start_step)
     set_pipeline_context(context)
     try:
         with _one_copy_of_prints():

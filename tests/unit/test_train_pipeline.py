@@ -1,10 +1,12 @@
 """Pipeline x data parallelism inside a Ray Train loop, without Ray: 4 gloo ranks as 2 stages x 2 replicas,
 each replica running the scheduler's plan on torch's pipeline runtime, give the parameters of one SGD
-step of the unsplit model on the whole batch."""
+step of the unsplit model on the whole batch; a run resumed from a checkpoint continues exactly."""
 
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,9 +17,11 @@ import torch.distributed.pipelining  # noqa: F401 - imported once here (~1 s), n
 from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
 from pdml_ray.config import PDMLConfig, PipelineConfig
 from pdml_ray.config.training import check_ray_train
-from pdml_ray.errors import ConfigError
+from pdml_ray.errors import ConfigError, StateError
 from pdml_ray.pipeline.torch_exec import run_local_ranks
 from pdml_ray.scheduler import Scheduler
+from pdml_ray.state_format import write_state
+from pdml_ray.train.context import SCHEDULER_STATE_FILE
 from pdml_ray.train.pipeline import PipelineContext
 from pdml_ray.train.pipeline_latency import stage_latencies
 
@@ -31,12 +35,12 @@ def _model() -> torch.nn.Sequential:
                                torch.nn.Linear(16, 3))
 
 
-def _batches(stages: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(stages: int, steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The global batch of each step: ROWS rows per replica."""
     gen = torch.Generator().manual_seed(1)
     replicas = WORKERS // stages
     return [(torch.randn(replicas * ROWS, 6, generator=gen), torch.randn(replicas * ROWS, 3, generator=gen))
-            for _ in range(STEPS)]
+            for _ in range(steps)]
 
 
 def _train(rank: int, world_size: int, schedule: str, stages: int) -> dict[str, Any]:
@@ -100,6 +104,82 @@ def test_stages_by_replicas_equal_full_batch_steps_of_the_unsplit_model(schedule
         assert ranks[0]["observed"] == STEPS
     else:
         assert ranks[0]["observed"] == 0 and [r["plans"] for r in ranks] == [1] * WORKERS
+
+
+RESUME_STEPS, SAVE_AT = 4, 2
+
+
+def _resumable(rank: int, world_size: int, directory: str, resume: bool, optimizer_state: bool) -> dict[str, Any]:
+    """A 2 x 2 run of RESUME_STEPS Adam steps as a Ray Train loop writes it: straight through, saving a
+    checkpoint after step SAVE_AT (the model and each stage's optimizer from the pipeline, pdml-ray's
+    state as ctx.report adds it); or, with ``resume``, fresh ranks and a fresh scheduler that restore it
+    (as PDMLTrainer does before the loop, then the loop) and train the steps left."""
+    config = PDMLConfig(pipeline=PipelineConfig(schedule="1f1b", stages=2))
+    client = SchedulerClient(LocalSchedulerTransport(Scheduler(config, world_size))) if rank == 0 else None
+    ctx = PipelineContext(config, rank, world_size, torch.device("cpu"), client)
+    if resume:
+        assert ctx.load_scheduler_state(directory)
+    pipe = ctx.prepare(_model(), microbatches=MICROBATCHES, loss_fn=torch.nn.functional.mse_loss,
+                       optimizer=lambda params: torch.optim.Adam(params, lr=0.01))
+    if resume:  # every rank reads the checkpoint
+        saved = torch.load(os.path.join(directory, "model.pt"))
+        if not optimizer_state:  # (the control run) optimizer states cut for another stage count are refused
+            with pytest.raises(StateError, match=r"holds 1 stages' states .* resume with pipeline.stages=1"):
+                pipe.load_state_dict(saved["model"], {"stages": saved["optimizer"]["stages"][:1]})
+        pipe.load_state_dict(saved["model"], saved["optimizer"] if optimizer_state else None)
+    batches, losses = _batches(2, RESUME_STEPS), []
+    for step in range(ctx.start_step, RESUME_STEPS):
+        x, y = batches[step]
+        rows = slice(ctx.replica * ROWS, (ctx.replica + 1) * ROWS)
+        losses.append(pipe.step(x[rows], y[rows]))
+        if step + 1 == SAVE_AT and not resume:
+            model_state, optimizers = pipe.state_dict(), pipe.optimizer_state_dict()  # collectives: on rank 0
+            if rank == 0:
+                torch.save({"model": model_state, "optimizer": optimizers}, os.path.join(directory, "model.pt"))
+                assert ctx.save_scheduler_state(directory)
+    state = pipe.state_dict()
+    ctx.flush()
+    stats = client.call("stats") if client is not None else None
+    return {"start": ctx.start_step, "losses": losses,
+            "state": {k: v.numpy() for k, v in state.items()} if state is not None else None,
+            "reports": stats.reports_received if stats is not None else None}
+
+
+def test_a_resumed_run_continues_with_its_optimizer_and_scheduler_state(tmp_path: Path) -> None:
+    # 4 Adam steps straight vs 2 steps, a checkpoint, fresh ranks that load it and train 2 more
+    straight = run_local_ranks(_resumable, WORKERS, str(tmp_path), False, True, start_method="fork")
+    resumed = run_local_ranks(_resumable, WORKERS, str(tmp_path), True, True, start_method="fork")
+    initial = {k: v.detach().numpy() for k, v in _model().state_dict().items()}
+    end, again = straight[0]["state"], resumed[0]["state"]
+    moved = max(float(np.abs(end[k] - initial[k]).max()) for k in end)
+    diff = max(float(np.abs(end[k] - again[k]).max()) for k in end)
+    print(f"2 x 2, {RESUME_STEPS} Adam steps straight vs resumed after {SAVE_AT}: max abs parameter difference "
+          f"{diff:.2e} (the steps moved them up to {moved:.2e})")
+    assert moved > 1e-2 and diff <= 1e-6
+    for a, b in zip(straight, resumed):  # every rank continues at step SAVE_AT with the same losses
+        assert b["start"] == SAVE_AT and np.allclose(b["losses"], a["losses"][SAVE_AT:], rtol=0, atol=1e-6)
+    # the scheduler resumed from its saved state: rank 0's reports of the first steps are counted (a fresh one: 2)
+    assert resumed[0]["reports"] == straight[0]["reports"] == RESUME_STEPS
+    # the control: without the optimizer state (Adam's moments and step) the same resume ends elsewhere
+    fresh = run_local_ranks(_resumable, WORKERS, str(tmp_path), True, False, start_method="fork")[0]["state"]
+    assert max(float(np.abs(end[k] - fresh[k]).max()) for k in end) > 1e-3
+
+
+def test_a_pipeline_state_of_another_shape_or_kind_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    config = PDMLConfig(pipeline=PipelineConfig(schedule="1f1b", stages=2))
+    state = Scheduler(config, WORKERS).state_dict()
+    ctx = PipelineContext(config, 1, WORKERS, torch.device("cpu"), None)  # not rank 0: no scheduler client
+    assert not ctx.load_scheduler_state(str(tmp_path))  # no pdml-ray state: a fresh start
+    path = tmp_path / SCHEDULER_STATE_FILE
+    write_state(path, {"state": state, "global_step": 5, "stages": 4})
+    with pytest.raises(StateError, match=r"run of 4 stages and this one has 2 \(set pipeline.stages=4\)"):
+        ctx.load_scheduler_state(str(tmp_path))
+    write_state(path, {"state": state, "decision": None, "global_step": 5})  # not a pipeline run's
+    with pytest.raises(StateError, match="a data-parallel run's checkpoint"):
+        ctx.load_scheduler_state(str(tmp_path))
+    assert ctx.start_step == 0
+    write_state(path, {"state": state, "global_step": 5, "stages": 2})
+    assert ctx.load_scheduler_state(str(tmp_path)) and ctx.start_step == 5
 
 
 @pytest.mark.parametrize("sections, match", [
