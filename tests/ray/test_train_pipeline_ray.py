@@ -1,7 +1,7 @@
 """Pipeline x data parallelism inside ``PDMLTrainer``: 4 Ray Train workers of half a CPU each run 2 stages
 x 2 replicas on torch's pipeline runtime, osprey planning from the latencies they measure; after 3 steps
-the checkpoint reported through Ray Train holds the parameters of 3 SGD steps of the unsplit model on
-the whole batches."""
+the checkpoint reported through Ray Train holds the parameters and momentum buffers of 3 SGD steps of the
+unsplit model on the whole batches, and pdml-ray's state (the steps trained)."""
 
 import os
 import tempfile
@@ -14,11 +14,13 @@ import torch
 
 from pdml_ray.config import NodePriorityConfig, PDMLConfig, PipelineConfig
 from pdml_ray.errors import ConfigError
+from pdml_ray.state_format import read_state
 from pdml_ray.train import PDMLTrainer, get_pipeline_context
+from pdml_ray.train.context import SCHEDULER_STATE_FILE
 
 pytestmark = pytest.mark.ray
 
-STAGES, WORKERS, MICROBATCHES, ROWS, LR, STEPS = 2, 4, 2, 8, 0.1, 3
+STAGES, WORKERS, MICROBATCHES, ROWS, LR, MOMENTUM, STEPS = 2, 4, 2, 8, 0.1, 0.9, 3
 
 
 def _model() -> torch.nn.Sequential:
@@ -37,17 +39,17 @@ def pipeline_loop() -> None:
     torch.set_num_threads(1)
     ctx = get_pipeline_context()
     pipe = ctx.prepare(_model(), microbatches=MICROBATCHES, loss_fn=torch.nn.functional.mse_loss,
-                       optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+                       optimizer=lambda params: torch.optim.SGD(params, lr=LR, momentum=MOMENTUM))
     losses = []
     for x, y in _batches():
         rows = slice(ctx.replica * ROWS, (ctx.replica + 1) * ROWS)  # this replica's share of the global batch
         losses.append(pipe.step(x[rows], y[rows]))
-    state = pipe.state_dict()  # every rank calls it; the whole model on rank 0
+    state, optimizers = pipe.state_dict(), pipe.optimizer_state_dict()  # every rank calls them; rank 0 has them
     with tempfile.TemporaryDirectory() as d:
         checkpoint = None
         if ctx.rank == 0:
-            torch.save(state, os.path.join(d, "model.pt"))
-            checkpoint = ray.train.Checkpoint.from_directory(d)
+            torch.save({"model": state, "optimizer": optimizers}, os.path.join(d, "model.pt"))
+            checkpoint = ray.train.Checkpoint.from_directory(d)  # ctx.report adds pdml-ray's state to it
         ctx.report({"losses": losses, "stage": ctx.stage, "replica": ctx.replica}, checkpoint=checkpoint)
 
 
@@ -58,7 +60,7 @@ def test_a_pipeline_run_trains_as_the_unsplit_model_and_reports_a_loadable_check
                          scaling_config=ray.train.ScalingConfig(num_workers=WORKERS, resources_per_worker={"CPU": 0.5}),
                          run_config=ray.train.RunConfig(name="pipeline-dp", storage_path=str(tmp_path))).fit()
     model, reference = _model(), _model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=LR)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
     ref_losses = []
     for x, y in _batches():
         loss = torch.nn.functional.mse_loss(reference(x), y)
@@ -67,9 +69,18 @@ def test_a_pipeline_run_trains_as_the_unsplit_model_and_reports_a_loadable_check
         optimizer.zero_grad()
         ref_losses.append(float(loss.detach()))
     with result.checkpoint.as_directory() as d:
-        model.load_state_dict(torch.load(os.path.join(d, "model.pt")))
+        saved = torch.load(os.path.join(d, "model.pt"))
+        pdml_state = read_state(os.path.join(d, SCHEDULER_STATE_FILE))
+    model.load_state_dict(saved["model"])
     diff = max(float((a - b).abs().max()) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
     assert diff <= 1e-5, diff
+    # each stage's momentum buffers, in stage order, are the unsplit model's in parameter order
+    stages = saved["optimizer"]["stages"]
+    assert len(stages) == STAGES and all(s is not None for s in stages)
+    buffers = [s["state"][i]["momentum_buffer"] for s in stages for i in sorted(s["state"])]
+    expected = [optimizer.state[p]["momentum_buffer"] for p in reference.parameters()]
+    assert len(buffers) == len(expected) and max(float((a - b).abs().max()) for a, b in zip(buffers, expected)) <= 1e-5
+    assert pdml_state["global_step"] == STEPS and pdml_state["stages"] == STAGES  # a resumed run starts at step 3
     m = result.metrics  # rank 0's: stage 0 of replica 0, with the global batch's loss
     assert (m["stage"], m["replica"]) == (0, 0) and np.allclose(m["losses"], ref_losses, atol=1e-5)
     assert ref_losses[-1] < ref_losses[0]
