@@ -303,30 +303,31 @@ class PipelineParallel:
         """Restore what ``state_dict()`` and ``optimizer_state_dict()`` saved, on every rank (each reads the
         checkpoint; not a collective), before the first step: the whole model's state (every rank holds the
         whole ``nn.Sequential``, its stage's layers included) and this stage's optimizer state (momentum,
-        Adam's moments and step). StateError, naming the fix, if they do not fit this run."""
+        Adam's moments and step). StateError, naming the fix, if they do not fit this run (an optimizer
+        state cut for another stage count is refused before the model is touched)."""
+        saved = None
+        if optimizer_state is not None:
+            stages = optimizer_state.get("stages") if isinstance(optimizer_state, Mapping) else None
+            if not isinstance(stages, list):
+                raise StateError("the optimizer state must be what pipe.optimizer_state_dict() returns on rank 0 "
+                                 f"({{'stages': [...]}}), got {type(optimizer_state).__name__}: save that one")
+            if len(stages) != self.layout.stages:
+                raise StateError(f"the checkpoint's optimizer state holds {len(stages)} stages' states and this run "
+                                 f"has {self.layout.stages} stages (their parameters are cut by the stage count): "
+                                 f"resume with pipeline.stages={len(stages)}, or load the model alone "
+                                 "(optimizer_state=None)")
+            saved = stages[self.stage]
+            if (saved is None) != (self.optimizer is None):
+                raise StateError(f"the checkpoint's optimizer state of stage {self.stage} is "
+                                 f"{'empty' if saved is None else 'there'}, but this stage has "
+                                 f"{'parameters' if self.optimizer is not None else 'none'}: resume with the same "
+                                 "model and pipeline.stages")
         try:
             self.model.load_state_dict(model_state)
         except (RuntimeError, TypeError, AttributeError) as e:
             raise StateError(f"the checkpoint's model state does not fit the model given to ctx.prepare: {e}. "
                              "Resume with the same nn.Sequential") from None
-        if optimizer_state is None:
-            return
-        stages = optimizer_state.get("stages") if isinstance(optimizer_state, Mapping) else None
-        if not isinstance(stages, list):
-            raise StateError("the optimizer state must be what pipe.optimizer_state_dict() returns on rank 0 "
-                             f"({{'stages': [...]}}), got {type(optimizer_state).__name__}: save that one")
-        if len(stages) != self.layout.stages:
-            raise StateError(f"the checkpoint's optimizer state holds {len(stages)} stages' states and this run "
-                             f"has {self.layout.stages} stages (their parameters are cut by the stage count): "
-                             f"resume with pipeline.stages={len(stages)}, or load the model alone "
-                             "(optimizer_state=None)")
-        saved = stages[self.stage]
-        if (saved is None) != (self.optimizer is None):
-            raise StateError(f"the checkpoint's optimizer state of stage {self.stage} is "
-                             f"{'empty' if saved is None else 'there'}, but this stage has "
-                             f"{'parameters' if self.optimizer is not None else 'none'}: resume with the same model "
-                             "and pipeline.stages")
-        if self.optimizer is not None:
+        if self.optimizer is not None and saved is not None:
             try:
                 self.optimizer.load_state_dict(saved)
             except (ValueError, KeyError, TypeError) as e:
