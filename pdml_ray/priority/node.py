@@ -61,10 +61,11 @@ are read at the cluster's recent cost per sample, ``m = sum u / sum b`` over eve
 (each worker's forgotten like its fit), ``t_i(b) = c_i + b m / r_i``. The share of a worker's next
 batch that trains is the data's (the cluster's percentile trains the high-loss samples wherever they
 fall), so one m for every worker; with no forward-only sample reported m = 1 and every decision is
-what it was without them. ``ctx.step`` reports none: its masked loss runs backward over the whole
-batch (``pdml_ray.train.step``). A loop that forwards the batch without gradients and then forwards
-and backpropagates the chosen samples again (the paper's) pays phi more per trained sample than u
-counts; the lines absorb that into the rate, so workers whose forward-only shares differ a lot are
+what it was without them. ``ctx.step`` reports them where the loop picks its rows with
+``step.backprop_rows`` (the batch forwarded without gradients, the chosen rows forwarded and
+backpropagated again, the paper's loop; ``pdml_ray.train.step``), none in its masked form (backward
+over the whole batch). That loop pays phi more per trained sample than u counts; the lines absorb
+that into the rate, so workers whose forward-only shares differ a lot are
 then balanced within ~12% (f = 0 against 0.7), where counting every sample as trained is 2x off.
 
 Limits. At a fixed point of the balance every worker runs one batch size; the spread that identified
