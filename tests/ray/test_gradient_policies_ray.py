@@ -3,6 +3,8 @@ deriver is fed through the run's scheduler actor (topk) and a slow worker's grad
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -30,8 +32,11 @@ def run(pool, name, stragglers, model, status=None):
                           per_sample_s=PER_SAMPLE_S, pool=pool)
     try:
         result = rt.train(STEPS)
-        if status is not None:
-            status.update(_status(rt.scheduler_name))
+        if status is not None:  # the answer to the last request may still be on its way (never waited on)
+            deadline = time.monotonic() + 30
+            while not status or (status["versions"].get("gradient", 0) < 2 and time.monotonic() < deadline):
+                status.update(_status(rt.scheduler_name))
+                time.sleep(0.1)
         return rt, result
     finally:
         rt.shutdown()
@@ -59,9 +64,11 @@ def test_topk_trains_and_feeds_the_deriver(pool):
     assert status["versions"]["gradient"] >= 2 and status["reports_received"] >= N * 5
     assert r.stalled is None and len(r.records) == STEPS
     assert r.final_loss < r.initial_loss - 0.1
-    # the rule asked for at steps 5 and 10 is adopted when the scheduler actor's answer is there, never waited on
+    # the rule asked for at steps 5 and 10 is adopted when the scheduler actor's answer is there, never waited
+    # on: on a loaded machine the second answer may come after the last step
     adopted = [s for s, _ in rt.feed.k_history] if rt.feed is not None else []
-    assert len(adopted) == 2 and 5 <= adopted[0] < 10 <= adopted[1] < STEPS and rt.feed.cost_s > 0, adopted
+    assert 1 <= len(adopted) <= 2 and 5 <= adopted[0] < 10 and rt.feed.cost_s > 0, adopted
+    assert all(10 <= s < STEPS for s in adopted[1:]), adopted
     # the runtime has shut down (its scheduler actor too): the feed's figures stay readable, as a benchmark reads them
     assert rt.feed is not None and rt.feed.stats()["cost_s"] == rt.feed.cost_s
     assert all(set(dict(rec.combination.weights)) <= set(rec.arrived) and len(rec.arrived) >= N - 1
