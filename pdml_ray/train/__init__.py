@@ -8,6 +8,7 @@ The modules:
     trainer.py         ``PDMLTrainer``, Ray Train's ``TorchTrainer`` plus the run's scheduler actor
     context.py         the in-loop context: steps, batch sampler, checkpoints (Ray-free)
     step.py            the step block (``ctx.step``) and the batch it trains (``StepBatch``)
+    nonfinite.py       the non-finite guard's rule, counts (``ctx.nonfinite``) and fused gradient check
     wrappers.py        gradient weights ``b_i / B`` through DDP's hook or FSDP2's loss scale
     timing.py          a step's compute time, measured without waiting on a collective
     ray_data.py        Ray Data input: materialised datasets read by row position at each worker's batch size (``ctx.iter_torch_batches``)

@@ -38,7 +38,8 @@ from pdml_ray.errors import ConfigError, PDMLError, StateError, UsageError
 from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.state_format import check_decision, check_scheduler_decisions, read_state, write_state
 from pdml_ray.train.result_metrics import pdml_metrics
-from pdml_ray.train.step import NonFiniteCounts, StepBatch, StepScope, _Untimed
+from pdml_ray.train.nonfinite import NonFiniteCounts
+from pdml_ray.train.step import StepBatch, StepScope, _Untimed
 from pdml_ray.train.timing import make_timer
 from pdml_ray.train.wrappers import (GradientCombiner, Sync, check_supported, combiner_for, describe, is_fsdp2,
                                      prepare_batchnorm)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from pdml_ray.client import SchedulerClient
 from pdml_ray.decisions import NodeDecision, WorkerReport
 from pdml_ray.errors import PDMLError
-from pdml_ray.train.step import NonFiniteCounts
+from pdml_ray.train.nonfinite import NonFiniteCounts
 
 log = logging.getLogger(__name__)
 

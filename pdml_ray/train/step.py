@@ -3,33 +3,8 @@
 (ending where DDP's last gradient bucket is ready), sleeps for an EMULATED slow worker, and hands the
 finished step to its ``PDMLContext``, which reports it once its compute time is known.
 
-**Non-finite losses and gradients** (``NodePriorityConfig.check_nonfinite``, on by default). A worker
-whose per-sample losses are not all finite is *excluded* from the step: its gradient counts for
-nothing and the others' weights are renormalised over the workers that remain
-(``w_i' = w_i ok_i / sum_j w_j ok_j``), so the step's update is the mean gradient over the good
-workers' samples. Every rank learns which workers were excluded from one all-reduce of a
-``3 x world_size`` vector, the same collective on every rank, so nobody waits for a collective another
-skipped. Under DDP that vector travels inside backward, appended to the first gradient bucket (no
-synchronisation point and no collective are added to the step; see ``wrappers``); under FSDP2 and P3
-``step.loss`` all-reduces it before returning. After backward the combined gradient is checked once more (it is
-identical on every rank under DDP; FSDP2 agrees on its shards with one more tiny all-reduce): if it is
-still not finite (an overflow inside backward while every loss was finite), or every worker was
-excluded, the step's gradients are dropped (``p.grad = None``), so the ``optimizer.step()`` that
-follows leaves the parameters and the optimizer's state (momentum, Adam's moments and step count) as
-they were. The check runs at the end of the block, or earlier if an optimizer steps inside it: a
-global optimizer step pre-hook (``torch.optim.optimizer.register_optimizer_step_pre_hook``,
-installed with the first step block) runs the open block's check before any ``optimizer.step()``,
-so an ``optimizer.step()`` inside the block after backward never applies a non-finite step.
-``step.excluded`` (ranks), ``step.dropped`` and ``ctx.nonfinite`` (counts per worker) say what happened; an excluded worker's step is reported with loss NaN and no per-sample losses (a NaN
-would poison the sample priorities). A worker excluded ``max_consecutive_nonfinite`` steps in a row
-(or that many dropped steps in a row) ends the run: every rank raises ``NonFiniteError`` naming the
-worker (rank and accelerator type) and the step.
-
-Not caught: a NaN that reaches the gradients of a finite loss on one rank is only seen after the
-reduction (the whole step is dropped, the worker is not named); an ``optimizer.step()`` inside the
-block *before* backward (it sees no gradient of this step); a loss computed outside ``step.loss``
-is not checked at all; P3 ordering applies its per-layer updates itself, so a dropped step still
-updates under P3.
+Non-finite losses and gradients: ``nonfinite`` (the guard's rule, its counts and the gradient check);
+the step block runs the guard (``_check_finite``, and the optimizer step pre-hook below).
 """
 
 from __future__ import annotations
@@ -37,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -49,6 +24,7 @@ from pdml_ray.emulation import emulate_speed, sleep_compute
 from pdml_ray.errors import NonFiniteError, UsageError
 from pdml_ray.config import PDMLConfig
 from pdml_ray.priority.selective_backprop import BackpropSelector
+from pdml_ray.train.nonfinite import NonFiniteCounts, grads_nonfinite
 from pdml_ray.train.timing import StepTimer
 from pdml_ray.train.wrappers import GradientCombiner, nonfinite_flags
 
@@ -67,81 +43,6 @@ class StepBatch:
     sample_weights: np.ndarray | None = None  # float32 (b_i,) importance weights; None = uniform
     end_offset: int = 0  # position in the epoch once this step is done (a checkpoint resumes there)
     backprop_threshold: float | None = None  # selective-backprop: the cluster's percentile (None: this worker's)
-
-
-@dataclass(slots=True)
-class NonFiniteCounts:
-    """What the non-finite guard did so far on this worker (the same on every rank): ``ctx.nonfinite``."""
-
-    world_size: int
-    limit: int
-    """``max_consecutive_nonfinite``: the run ends when a count of consecutive steps reaches it."""
-    excluded: list[int] = field(default_factory=list)
-    """Per worker (by rank): steps whose contribution was excluded for a NaN or infinite loss."""
-    consecutive: list[int] = field(default_factory=list)
-    """Per worker: excluded steps in a row up to the latest step."""
-    dropped_steps: int = 0
-    """Steps whose gradients were dropped: every worker excluded, or the combined gradient not finite."""
-    consecutive_dropped: int = 0
-    events: list[tuple[int, tuple[int, ...], bool]] = field(default_factory=list)
-    """The latest 100 steps with an exclusion or a drop: (step, excluded ranks, dropped)."""
-
-    def __post_init__(self) -> None:
-        self.excluded = self.excluded or [0] * self.world_size
-        self.consecutive = self.consecutive or [0] * self.world_size
-
-    @property
-    def total_excluded(self) -> int:
-        return sum(self.excluded)
-
-    def record(self, step: int, bad: tuple[int, ...], dropped: bool) -> tuple[int | None, int] | None:
-        """Count one step; returns (the rank that reached the limit, or None for dropped steps, and its
-        count) when the run must stop."""
-        for j in range(self.world_size):
-            if j in bad:
-                self.excluded[j] += 1
-                self.consecutive[j] += 1
-            else:
-                self.consecutive[j] = 0
-        grads_only = dropped and not bad  # finite losses everywhere, non-finite combined gradient
-        self.dropped_steps += int(dropped)
-        self.consecutive_dropped = self.consecutive_dropped + 1 if grads_only else 0
-        if bad or dropped:
-            self.events = (self.events + [(step, bad, dropped)])[-100:]
-        worst = max(range(self.world_size), key=lambda j: self.consecutive[j])
-        if self.consecutive[worst] >= self.limit:
-            return worst, self.consecutive[worst]
-        if self.consecutive_dropped >= self.limit:
-            return None, self.consecutive_dropped
-        return None
-
-
-def _grads_nonfinite(params: list[torch.nn.Parameter], sharded: bool, device: torch.device) -> torch.Tensor:
-    """A 1-element float32 tensor on ``device``, > 0 when any gradient holds an inf or a NaN; the same
-    on every rank (under DDP the gradients are the reduced ones, identical everywhere; under FSDP2 each
-    rank holds a shard, so the ranks agree with one tiny all-reduce). Nothing waits for the device
-    here: the caller reads it together with the step's flags, one synchronisation per step.
-
-    The check is PyTorch's own (``torch._amp_foreach_non_finite_check_and_unscale_`` with a scale of
-    1, as ``torch.amp.GradScaler`` runs it): one fused kernel per device and dtype instead of a kernel
-    per gradient, which matters on a GPU where a model's hundreds of small launches cost milliseconds
-    (and ~3x faster on a CPU too, measured)."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        g = g.to_local() if hasattr(g, "to_local") else g
-        if g.numel() and not g.is_sparse:
-            groups.setdefault((g.device, g.dtype), []).append(g)
-    found = torch.zeros(1, device=device)
-    for (dev, _), grads in groups.items():
-        flag = torch.zeros(1, device=dev)
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, torch.ones(1, device=dev))
-        found += flag.to(device)
-    if sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(found)
-    return found
 
 
 _OPEN_SCOPES: "weakref.WeakSet[StepScope]" = weakref.WeakSet()  # step blocks being run in this process
@@ -188,7 +89,7 @@ class StepHost(Protocol):
     device: torch.device
     speed: float
     accelerator_type: str
-    nonfinite: "NonFiniteCounts"
+    nonfinite: NonFiniteCounts
     overhead_s: float
     _combiner: GradientCombiner | None
     _params: list[torch.nn.Parameter]
@@ -519,7 +420,7 @@ class StepScope:
         self._checked = True
         n = ctx.world_size
         if combiner.name != "p3":  # P3 holds the gradients itself (already applied per layer)
-            found = _grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)
+            found = grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)
             flags = torch.cat([flags, found.to(flags.dtype)])
         host = flags.tolist()  # the step's one wait for the device
         bad = tuple(j for j in range(n) if host[j] > 0.5)
