@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from pdml_ray.decisions import Boundary, StepBundle, WorkerReport
+from pdml_ray.decisions import Boundary, MicroBatchPlan, StepBundle, WorkerReport
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
 
 log = logging.getLogger(__name__)
@@ -283,6 +283,16 @@ class SchedulerClient:
         """Put one bundle request in flight (at most one is pending)."""
         if self._pending is None:
             self._pending = self._send("bundle", boundary, dict(since))
+
+    def poll_plan(self, block_s: float = 0.0) -> MicroBatchPlan | None:
+        """The pending bundle's ``pipeline`` plan, validated, if the bundle is ready within ``block_s``
+        seconds and holds one (the pipeline runtimes' fetch-ahead), else None."""
+        bundle = self.poll(block_s)
+        decision = bundle.get("pipeline") if bundle is not None else None
+        if not isinstance(decision, MicroBatchPlan):
+            return None
+        decision.validate()
+        return decision
 
     def poll(self, block_s: float = 0.0) -> StepBundle | None:
         """The pending bundle if it is ready within ``block_s`` seconds, else None (keep going)."""

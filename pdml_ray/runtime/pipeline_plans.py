@@ -110,10 +110,8 @@ class ScheduledPlans:
         if self._requested != step:  # the first step, or a jump: nothing useful in flight
             self.client.poll(PLAN_TIMEOUT_S)
             self._request(step)
-        bundle = self.client.poll(PLAN_TIMEOUT_S)
-        decision = bundle.get("pipeline") if bundle is not None else None
-        if isinstance(decision, MicroBatchPlan):
-            decision.validate()
+        decision = self.client.poll_plan(PLAN_TIMEOUT_S)
+        if decision is not None:
             self.decision = decision
             self.last_decision = _Record(dict(decision.record)) if decision.record is not None else None
         elif self.decision is None:

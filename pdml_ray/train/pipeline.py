@@ -161,10 +161,8 @@ class ScheduledStagePlans:
         if self._requested != step:  # the first step: nothing useful in flight
             self.client.poll(PLAN_TIMEOUT_S)
             self._request(step)
-        bundle = self.client.poll(PLAN_TIMEOUT_S)
-        decision = bundle.get("pipeline") if bundle is not None else None
-        if isinstance(decision, MicroBatchPlan):
-            decision.validate()
+        decision = self.client.poll_plan(PLAN_TIMEOUT_S)
+        if decision is not None:
             self.decision = decision
             if decision.plan != self._newest:
                 self._newest, self._newest_count = decision.plan, self._newest_count + 1

@@ -72,18 +72,8 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     context.report_fn = ray.train.report
     context.datasets = {name: DatasetRows(blocks) for name, blocks in pdml.get("datasets", {}).items()}
     context.elastic = pdml["elastic"]  # its checkpoint may come from another worker count
-    checkpoint = ray.train.get_checkpoint()  # a restart after a failure, or a rerun: the run storage's latest
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            if context.load_scheduler_state(directory):
-                log.info("rank %d resumes at step %d (epoch %d)", context.rank, context.global_step, context.start_epoch)
-    set_context(context)
-    try:
-        with _one_copy_of_prints():
-            return user_loop(config) if _takes_config(user_loop) else user_loop()
-    finally:
-        context.flush()
-        set_context(None)
+    return _run_loop(context, set_context, user_loop, config,
+                     lambda: f"at step {context.global_step} (epoch {context.start_epoch})")
 
 
 def _run_pipeline_worker(user_loop: Callable, config: dict, pdml_config: PDMLConfig, train_ctx: Any,
@@ -97,18 +87,29 @@ def _run_pipeline_worker(user_loop: Callable, config: dict, pdml_config: PDMLCon
     accel = detect_accelerator_type(device, [])
     context = PipelineContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, client, accel)
     context.report_fn = ray.train.report
-    checkpoint = ray.train.get_checkpoint()  # a restart or a rerun: pdml-ray's state, before the loop's prepare
+    # pdml-ray's state is restored before the loop's prepare
+    return _run_loop(context, set_pipeline_context, user_loop, config, lambda: f"at step {context.start_step}")
+
+
+def _run_loop(context: Any, install: Callable[[Any], None], user_loop: Callable, config: dict,
+              resumed_at: Callable[[], str]) -> Any:
+    """Either kind of worker context (``PDMLContext``, ``PipelineContext``): restore pdml-ray's state from
+    Ray Train's latest checkpoint (a restart after a failure, or a rerun: the run storage's latest), install
+    the context, run the user's loop, flush the context's reports."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             if context.load_scheduler_state(directory):
-                log.info("rank %d resumes at step %d", context.rank, context.start_step)
-    set_pipeline_context(context)
+                log.info("rank %d resumes %s", context.rank, resumed_at())
+    install(context)
     try:
         with _one_copy_of_prints():
             return user_loop(config) if _takes_config(user_loop) else user_loop()
     finally:
         context.flush()
-        set_pipeline_context(None)
+        install(None)
 
 
 @contextlib.contextmanager
