@@ -279,10 +279,18 @@ class SchedulerClient:
         if self._send("observe", axis, step, rows) is None:
             self.reports_dropped += len(rows)
 
-    def request(self, boundary: Boundary, since: Mapping[str, int]) -> None:
-        """Put one bundle request in flight (at most one is pending)."""
+    @property
+    def request_pending(self) -> bool:
+        """A bundle request is in flight (its answer not yet taken by ``poll``)."""
+        return self._pending is not None
+
+    def request(self, boundary: Boundary, since: Mapping[str, int]) -> bool:
+        """Put one bundle request in flight (at most one is pending); False if it did not go out (one
+        was pending, or the scheduler is unreachable)."""
         if self._pending is None:
             self._pending = self._send("bundle", boundary, dict(since))
+            return self._pending is not None
+        return False
 
     def poll_plan(self, block_s: float = 0.0) -> MicroBatchPlan | None:
         """The pending bundle's ``pipeline`` plan, validated, if the bundle is ready within ``block_s``

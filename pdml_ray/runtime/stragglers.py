@@ -147,9 +147,12 @@ class StragglerRuntime:
         as ``pdml_straggler_*`` metrics tagged ``run=<metrics_name>-<id>`` (``metrics_name=None``: not exported)."""
         self._gauges = PriorityGauges(metrics_name) if metrics_name is not None else None
         self._actors = self.pool.take(policy.num_workers)
+        # the scheduler actor's process starts meanwhile; waiting for it here (start-up, as PDMLTrainer's
+        # start-up calls do) keeps a short run's first decisions from being lost to its start
+        started = [] if self._scheduler_actor is None else [self._scheduler_actor.ping.remote()]
         ray.get([a.configure.remote(w, model, loss_fn, held, l2=l2, straggler_model=self.straggler_model,
                                     per_sample_s=per_sample_s, num_threads=1)
-                 for w, (a, held) in enumerate(zip(self._actors, worker_partitions(policy, x, y)))],
+                 for w, (a, held) in enumerate(zip(self._actors, worker_partitions(policy, x, y)))] + started,
                 timeout=120)  # fail fast if one cannot start
 
     @classmethod

@@ -9,7 +9,9 @@ metrics), the simulator an in-process scheduler (``LocalSchedulerTransport``) on
 Every ``interval`` steps the buffered reports go out and the next ``GradientDecision`` is requested;
 the aggregator never waits for it: it is adopted (``policy.adopt``) at the first step its answer is
 there (in-process: at once, the same step), and the policy applies the rule it holds to each step's
-arrivals locally. ``cost_s`` is the time the aggregator spent on the feed inside its timed step.
+arrivals locally. A request that could not go out (the previous answer was still on its way: a slow
+or loaded scheduler) is sent at the first step after that answer is in, so a slow scheduler delays
+decisions rather than skipping them (``requests_sent`` counts them). ``cost_s`` is the time the aggregator spent on the feed inside its timed step.
 
 ``fixed_weights`` pins (alpha, beta, gamma): the deriver's bandit gets that one arm
 (``simplex_resolution=0``), so "fixed" is the same deriver with nothing to tune. Pure: no Ray here.
@@ -61,6 +63,8 @@ class GradientFeed:
         self.weight_history: list[tuple[int, tuple[float, float, float]]] = []
         self.decision: GradientDecision | None = None
         self._buffer: list[WorkerReport] = []
+        self._owed: Boundary | None = None  # a boundary whose request could not go out yet
+        self.requests_sent = 0
         self._closed_stats: dict[str, object] | None = None
 
     @classmethod
@@ -81,9 +85,16 @@ class GradientFeed:
             if self._buffer:
                 self.client.report(self._buffer)
                 self._buffer = []
-            self.client.request(Boundary(step, self.interval, ()), self.since)
+            self._owed = Boundary(step, self.interval, ())
+        bundle = self.client.poll(0.0)  # first: an answer in frees the slot for the request owed
+        if self._owed is not None and not self.client.request_pending:
+            # an unreachable scheduler drops it: the next boundary asks again (no lookup every step)
+            sent = self.client.request(dataclasses.replace(self._owed, first_step=step), self.since)
+            self._owed = None
+            self.requests_sent += sent
+            if sent and bundle is None:
+                bundle = self.client.poll(0.0)  # in this process it is answered at once
         adopted = None
-        bundle = self.client.poll(0.0)
         d = bundle.get("gradient") if bundle is not None else None
         if isinstance(d, GradientDecision):
             d.validate(policy.num_workers)

@@ -171,6 +171,37 @@ def test_feed_derives_from_reports_and_pins_fixed_weights():
     assert feed.stats()["high_low_grad_norm_ratio"] > 1.5
 
 
+def test_a_request_a_slow_scheduler_could_not_take_is_sent_once_its_answer_is_in():
+    from pdml_ray.client import LocalSchedulerTransport
+    from pdml_ray.scheduler import Scheduler
+
+    class Slow(LocalSchedulerTransport):  # an in-process scheduler whose answers take ``lag`` polls to arrive
+        def __init__(self, scheduler, lag):
+            super().__init__(scheduler)
+            self.lag, self.waited, self.asked = lag, 0, []
+
+        def submit(self, method, *args):
+            if method == "bundle":
+                self.asked.append(args[0].first_step)
+                self.waited = 0
+            return super().submit(method, *args)
+
+        def ready(self, pending, timeout_s):
+            self.waited += 1
+            return self.waited > self.lag
+
+    p = TopKPolicy(4, 1)
+    probe = GradientFeed.for_policy(p)
+    transport = Slow(Scheduler(probe.pdml_config, 4), lag=7)  # answered at the 8th poll: 6 steps later
+    feed = GradientFeed.for_policy(p, transport=transport)
+    for step in range(21):
+        feed.observe(step, [WorkerReport(worker_id=w, step=step, samples=16, compute_s=0.1, loss=1.0 / (1 + step),
+                                         grad_norm=float(w + 1)) for w in range(4)], p)
+    # step 10's request waited for step 5's answer (step 11) and went out then; step 15's for that one (18)
+    assert transport.asked == [5, 11, 18] and feed.requests_sent == 3
+    assert [s for s, _ in feed.k_history] == [11, 18]
+
+
 def test_a_pdml_config_carries_the_straggler_run_with_its_gradient_rule_and_interval():
     from pdml_ray.config import GradientPriorityConfig, PDMLConfig, StragglerConfig
     from pdml_ray.stragglers.gradient_feed import GradientFeed
