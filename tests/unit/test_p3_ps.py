@@ -112,7 +112,9 @@ def test_every_window_and_transfer_trains_the_single_process_parameters(transfer
 
 
 def test_the_window_bounds_the_bytes_on_the_emulated_link():
-    link = LinkModel(bandwidth_Bps=1e6)  # 1.2 ms per 1.2 KB slice: a backlog builds up behind the window
+    # 4.8 ms per 1.2 KB slice, EMULATED: a backlog builds up behind the window even when a loaded or
+    # slow machine stalls the backward (at 1.2 ms per slice one CI run saw a single slice in flight)
+    link = LinkModel(bandwidth_Bps=2.5e5)
     workers, _, _ = train_ps("p3", num_shards=2, link=link, credit_bytes=2 * 1200)
     for w in workers:  # the last round's queues: never more than the window in flight (a lone message may exceed it)
         assert 1200 < w._up.max_in_flight_bytes <= 2 * 1200 and 0 < w._down.max_in_flight_bytes <= 2 * 1200
