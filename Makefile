@@ -1,9 +1,10 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - runs the main job (a local Ray cluster, 4 workers with emulated speeds)
-#   make test   - type-checks (mypy) and runs the whole test suite: unit, GPU and Ray tiers in one
-#                 process (the Ray tier's tests share one cluster and some read timings), then the
-#                 end-to-end tier in two (its tests are separate programs, each on a private Ray
-#                 instance, waiting on process starts much of the time: two at once overlap that)
+#   make test   - type-checks (mypy) and runs the whole test suite: the unit and end-to-end tiers in
+#                 two processes (unit tests are pure CPU work, one core each; end-to-end tests are
+#                 separate programs, each on a private Ray instance, waiting on process starts much of
+#                 the time), then the GPU and Ray tiers in one (the Ray tier's tests share one cluster
+#                 per module and some read timings: nothing else runs beside them)
 # Both create (or reuse) the virtual environment in $(VENV).
 PYTHON ?= python3
 VENV ?= .venv
@@ -29,8 +30,8 @@ demo: venv
 test: venv
 	$(PY) -m mypy
 	-sh scripts/install_test_tools.sh
-	$(PY) -m pytest -q -rs --durations=25 -p no:cacheprovider tests/unit tests/gpu tests/ray
-	$(PY) -m pytest -q -rs --durations=15 -p no:cacheprovider -n 2 --dist loadfile tests/e2e
+	$(PY) -m pytest -q -rs --durations=15 -p no:cacheprovider -n 2 --dist loadfile tests/unit tests/e2e
+	$(PY) -m pytest -q -rs --durations=25 -p no:cacheprovider tests/gpu tests/ray
 
 unit: venv
 	$(PY) -m pytest -q -rs -p no:cacheprovider tests/unit

@@ -55,6 +55,7 @@ supported ones: their reductions would silently average the weighted gradients a
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -378,21 +379,24 @@ def prepare_batchnorm(model: nn.Module, config: NodePriorityConfig,
     return nn.SyncBatchNorm.convert_sync_batchnorm(model), 0
 
 
+def _fsdp_class(name: str) -> type | None:
+    """``torch.distributed.fsdp.<name>`` if that package is loaded, else None. A model can only be an
+    FSDP (1 or 2) module once something imported the package (``fully_shard`` and FSDP1 live in it),
+    so a DDP or plain model never pays its import: ~2 s of CPU per worker (DTensor, sympy)."""
+    return getattr(sys.modules.get("torch.distributed.fsdp"), name, None)
+
+
 def is_fsdp2(model: nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # an old torch without FSDP2
-        return False
-    return isinstance(model, FSDPModule)
+    fsdp_module = _fsdp_class("FSDPModule")  # None: not loaded, or an old torch without FSDP2
+    return fsdp_module is not None and isinstance(model, fsdp_module)
 
 
 def check_supported(model: nn.Module, sync: str) -> None:
     """Refuse what would silently give wrong gradients, before anything touches the model."""
     if sync not in ("auto", "ddp"):
         raise ConfigError(f"sync must be 'auto' or 'ddp', got {sync!r}")
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    if isinstance(model, FullyShardedDataParallel):
+    fsdp1 = _fsdp_class("FullyShardedDataParallel")
+    if fsdp1 is not None and isinstance(model, fsdp1):
         raise UsageError("FSDP1 (FullyShardedDataParallel) is not supported: its reduction would average the "
                          "weighted gradients again. Shard with FSDP2 (torch.distributed.fsdp.fully_shard) or DDP")
 

@@ -83,6 +83,18 @@ def test_fsdp2_gets_the_loss_scale_and_fsdp1_is_refused(gloo):
         _ctx().prepare_model(fsdp1)
 
 
+def test_a_plain_model_is_prepared_without_importing_fsdp():
+    """Importing torch.distributed.fsdp costs ~2 s of CPU per worker: only a model built with it pays."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from pdml_ray.train.wrappers import check_supported, combiner_for, is_fsdp2; "
+            "m = torch.nn.Linear(2, 2); check_supported(m, 'auto'); combiner_for(m, 'auto', 1, torch.device('cpu')); "
+            "print(is_fsdp2(m), 'torch.distributed.fsdp' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["False", "False"], out.stderr[-2000:]
+
+
 def test_a_loss_that_is_not_one_per_sample_is_refused(gloo):
     ctx = _ctx()
     ctx.prepare_model(_model())
