@@ -262,7 +262,7 @@ class StepTimeFit:
             if w[row[0]] > 0:
                 later.append(row)
             else:  # nothing to clip against yet
-                self._fold(*row)
+                self._fold(row[0], [(row[1], row[2])])
         if not later:
             return
         rows = np.array(later, dtype=np.float64)  # (reports, 3)
@@ -274,23 +274,34 @@ class StepTimeFit:
                            OUTLIER_FLOOR * pred)
         # without a noise estimate (ema_alpha = 1) nothing is an outlier
         t = np.where(lines.noise_dof[workers] > 0.0, np.minimum(np.maximum(t, pred - bound), pred + bound), t)
+        # a worker's reports fold in order, each worker's apart from the others' (their statistics are
+        # independent): one read and one write of its statistics per worker, not per report
+        by_worker: dict[int, list[tuple[float, float]]] = {}
         for (i, b_i, _), t_i in zip(later, t.tolist()):
-            self._fold(i, b_i, t_i)
+            by_worker.setdefault(i, []).append((b_i, t_i))
+        for i, folds in by_worker.items():
+            self._fold(i, folds)
 
-    def _fold(self, i: int, b: float, t: float) -> None:
-        s, lam = self.stats, self.forget
-        old_w = lam * s["w"][i]
-        w = old_w + 1.0
-        db, dt = b - s["mean_b"][i], t - s["mean_t"][i]
-        f = old_w / w
-        s["bb"][i] = lam * s["bb"][i] + f * db * db
-        s["bt"][i] = lam * s["bt"][i] + f * db * dt
-        s["tt"][i] = lam * s["tt"][i] + f * dt * dt
-        s["mean_b"][i] += db / w
-        s["mean_t"][i] += dt / w
-        s["w"][i] = w
-        s["w2"][i] = lam * lam * s["w2"][i] + 1.0
-        s["noise_prior"][i] *= lam
+    def _fold(self, i: int, folds: Sequence[tuple[float, float]]) -> None:
+        """Fold worker i's (batch size, seconds) pairs in, in order, on Python floats (the same IEEE
+        arithmetic as on numpy's float64 scalars, ~5x cheaper per report than indexing the arrays)."""
+        lam = self.forget
+        columns = [self.stats[name] for name in self.FIELDS]
+        w, w2, mean_b, mean_t, bb, bt, tt, prior = (v.item(i) for v in columns)
+        for b, t in folds:
+            old_w = lam * w
+            w = old_w + 1.0
+            db, dt = b - mean_b, t - mean_t
+            f = old_w / w
+            bb = lam * bb + f * db * db
+            bt = lam * bt + f * db * dt
+            tt = lam * tt + f * dt * dt
+            mean_b += db / w
+            mean_t += dt / w
+            w2 = lam * lam * w2 + 1.0
+            prior *= lam
+        for v, x in zip(columns, (w, w2, mean_b, mean_t, bb, bt, tt, prior)):
+            v[i] = x
         self._stale[i] = True
 
     def reset(self, i: int) -> None:
