@@ -215,18 +215,19 @@ class NodePriorityDeriver(Deriver):
         """Fold accepted reports into the step-time fits (warm-up steps are not representative)."""
         warmup, forget = self.node_config.warmup_steps, 1.0 - self.node_config.ema_alpha
         rows: list[tuple[int, float, float]] = []  # (worker, trained-sample equivalents, compute seconds)
+        types, (mix_u, mix_b) = self.accelerator_types, self.mix
+        probed = bool(self.refit.any())  # most batches have no probed worker: no numpy lookup per report then
         for r in reports:
-            if r.accelerator_type != self.accelerator_types[r.worker_id]:  # e.g. after a restart
-                self.on_register(r.worker_id, r.accelerator_type)
+            w = r.worker_id
+            if r.accelerator_type != types[w]:  # e.g. after a restart
+                self.on_register(w, r.accelerator_type)
             if r.step >= warmup:
-                w = r.worker_id
-                if self.refit[w] and r.samples > 0:  # the first measurement of a probe: a fresh line
+                if probed and self.refit[w] and r.samples > 0:  # the first measurement of a probe: a fresh line
                     self.fit.reset(w)
                     self.refit[w] = False
                     rows = [row for row in rows if row[0] != w]  # what it reported before went with the old line
                 units = trained_equivalents(r)
                 rows.append((w, units, float(r.compute_s)))
-                mix_u, mix_b = self.mix
                 mix_u[w] = forget * mix_u[w] + units
                 mix_b[w] = forget * mix_b[w] + r.samples
         self.fit.ingest(rows)
