@@ -6,7 +6,9 @@
 The modules:
 
     trainer.py         ``PDMLTrainer``, Ray Train's ``TorchTrainer`` plus the run's scheduler actor
-    context.py         the in-loop context: steps, batch sampler, checkpoints (Ray-free)
+    context.py         the in-loop context: steps, batch sampler, decisions, checkpoints (Ray-free)
+    installed_context.py the context a worker's loop runs with (``get_context``, ``get_pipeline_context``)
+    saved_state.py     pdml-ray's state in a data-parallel run's checkpoint: the file, what it holds, its checks
     step.py            the step block (``ctx.step``) and the batch it trains (``StepBatch``)
     nonfinite.py       the non-finite guard's rule, counts (``ctx.nonfinite``) and fused gradient check
     wrappers.py        gradient weights ``b_i / B`` through DDP's hook or FSDP2's loss scale
@@ -25,8 +27,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pdml_ray.train.context import PDMLContext, StepBatch, get_context
-from pdml_ray.train.pipeline import PipelineContext, get_pipeline_context
+from pdml_ray.train.context import PDMLContext, StepBatch
+from pdml_ray.train.installed_context import get_context, get_pipeline_context
+from pdml_ray.train.pipeline import PipelineContext
 from pdml_ray.train.workloads import classification_loop
 
 if TYPE_CHECKING:

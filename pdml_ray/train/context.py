@@ -34,10 +34,11 @@ from pdml_ray.batching import step_slices
 from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
-from pdml_ray.errors import ConfigError, PDMLError, StateError, UsageError
+from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.selective_backprop import BackpropSelector
-from pdml_ray.state_format import check_decision, check_scheduler_decisions, read_state, write_state
+from pdml_ray.state_format import check_decision
 from pdml_ray.train.result_metrics import pdml_metrics
+from pdml_ray.train.saved_state import SavedRunState, read_saved_run, write_saved_run
 from pdml_ray.train.nonfinite import NonFiniteCounts
 from pdml_ray.train.step import StepBatch, StepScope, _Untimed
 from pdml_ray.train.timing import make_timer
@@ -45,29 +46,6 @@ from pdml_ray.train.wrappers import (GradientCombiner, Sync, check_supported, co
                                      prepare_batchnorm)
 
 log = logging.getLogger(__name__)
-
-SCHEDULER_STATE_FILE = "pdml_scheduler_state.npz"
-"""pdml-ray's state in a checkpoint directory: a ``pdml_ray.state_format`` zip (JSON plus arrays)."""
-
-_SAVED_KEYS = {"state", "decision", "versions", "global_step", "position", "lead_steps", "upcoming", "horizon"}
-"""What ``save_scheduler_state`` writes (the run's position, and the decisions in force and pending)."""
-
-_context: PDMLContext | None = None  # this worker process's context while PDMLTrainer runs the user's loop
-
-
-def get_context() -> PDMLContext:
-    """The pdml-ray context of this Ray Train worker (inside a loop run by ``PDMLTrainer``)."""
-    if _context is None:
-        raise UsageError("pdml_ray.train.get_context() is only available inside a training loop "
-                         "launched by pdml_ray.train.PDMLTrainer (a pipeline run's loop takes "
-                         "pdml_ray.train.get_pipeline_context())")
-    return _context
-
-
-def set_context(context: PDMLContext | None) -> None:
-    """Install (or clear, with None) this process's context; ``PDMLTrainer``'s worker wrapper calls it."""
-    global _context
-    _context = context
 
 
 class PDMLContext:
@@ -473,10 +451,10 @@ class PDMLContext:
             return False
         self.flush()
         state = self.client.call("state_dict")
-        write_state(os.path.join(directory, SCHEDULER_STATE_FILE),
-                    {"state": state, "decision": self.decision, "versions": dict(self.versions),
-                     "global_step": self.global_step, "position": tuple(self._position),
-                     "lead_steps": self.lead_steps, "upcoming": tuple(self._upcoming), "horizon": self._horizon})
+        write_saved_run(directory, SavedRunState(
+            state=state, decision=self.decision, versions=dict(self.versions), global_step=self.global_step,
+            position=self._position, lead_steps=self.lead_steps, upcoming=tuple(self._upcoming),
+            horizon=self._horizon))
         return True
 
     def load_scheduler_state(self, directory: str) -> bool:
@@ -488,42 +466,11 @@ class PDMLContext:
         Every rank reads and checks the whole file before anything is applied: a damaged file, or a
         decision this run could not have made (batch sizes outside min/max or not summing to the global
         batch, weights not their shares), raises the same StateError on every rank, and nothing changes."""
-        path = os.path.join(directory, SCHEDULER_STATE_FILE)
-        if not os.path.exists(path):
+        saved = read_saved_run(directory, self.config, self.world_size, elastic=self.elastic)
+        if saved is None:
             return False
-        saved = read_state(path)  # StateError naming the file if it is not a whole pdml-ray state
-        try:
-            if not (isinstance(saved, dict) and set(saved) == _SAVED_KEYS):
-                raise StateError(f"it does not hold the {', '.join(sorted(_SAVED_KEYS))} save_scheduler_state "
-                                 "writes")
-            decision, versions, step, position = (saved["decision"], saved["versions"], saved["global_step"],
-                                                  saved["position"])
-            lead, upcoming, horizon = saved["lead_steps"], saved["upcoming"], saved["horizon"]
-
-            def count(x: Any) -> bool:
-                return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-            if not (isinstance(decision, NodeDecision) and isinstance(versions, dict) and count(step)
-                    and all(isinstance(k, str) and count(v) for k, v in versions.items())
-                    and isinstance(position, tuple) and len(position) == 2 and all(count(x) for x in position)):
-                raise StateError(f"its decision, versions, global_step and position are malformed: {decision!r:.80}, "
-                                 f"{versions!r:.80}, {step!r:.20}, {position!r:.40}")
-            # decisions adopted but not in force yet: in step order, each after the saved step
-            if not (count(lead) and count(horizon) and isinstance(upcoming, tuple)
-                    and all(isinstance(d, NodeDecision) for d in upcoming)
-                    and all(a.effective_step < b.effective_step for a, b in zip(upcoming, upcoming[1:]))
-                    and all(d.effective_step > step for d in upcoming)):
-                raise StateError(f"its lead_steps, pending decisions and horizon are malformed: {lead!r:.20}, "
-                                 f"{upcoming!r:.120}, {horizon!r:.20}")
-            # an elastic run restarts with another worker count whenever Ray Train resizes it
-            workers = len(decision.batch_sizes) if self.elastic else self.world_size
-            for pending in (decision, *upcoming):
-                check_decision(pending, self.config, workers)
-            check_scheduler_decisions(saved["state"], self.config, workers)
-        except PDMLError as e:
-            raise StateError(f"{path} holds a pdml-ray state this run refuses: {e}. It was altered, or written by a "
-                             "run with another PDMLConfig or number of workers: resume from another checkpoint, or "
-                             "with the config that wrote it") from None
+        step, position, lead = saved.global_step, saved.position, saved.lead_steps
+        workers = len(saved.decision.batch_sizes) if self.elastic else self.world_size
         if workers != self.world_size:
             # Resized: the position carries over (it counts samples, not ranks), so the steps after this
             # checkpoint that the old group ran are replayed from it. Its decisions were for the old count,
@@ -536,16 +483,16 @@ class PDMLContext:
             self._startup_boundary = True
             return True
         if self.rank == 0 and self.client is not None:
-            self.client.call("load_state_dict", saved["state"])
-        self.decision = decision
+            self.client.call("load_state_dict", saved.state)
+        self.decision = saved.decision
         # the file holds node and sample decisions only: the scheduler sends its current ones of other axes
         # (P3's slicing) again at the first boundary, so the runtime runs what the scheduler says
-        self.versions = {name: v for name, v in versions.items() if name in ("node", "sample")}
+        self.versions = {name: v for name, v in saved.versions.items() if name in ("node", "sample")}
         self.global_step = step
         self._position = (position[0], position[1])
         self._resume = self._position
         self.start_epoch = self._position[0]
-        self.lead_steps, self._upcoming, self._horizon = lead, list(upcoming), horizon
+        self.lead_steps, self._upcoming, self._horizon = lead, list(saved.upcoming), saved.horizon
         return True
 
     def _report_timed(self, step: int, span_s: float) -> None:

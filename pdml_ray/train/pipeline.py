@@ -69,31 +69,15 @@ from pdml_ray.pipeline.plan import Plan
 from pdml_ray.pipeline.registry import STATIC_SCHEDULES
 from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages
 from pdml_ray.state_format import check_scheduler_decisions, read_state, write_state
-from pdml_ray.train.context import SCHEDULER_STATE_FILE
 from pdml_ray.train.pipeline_latency import ActionTimer, LatencyRow, stage_latencies
 from pdml_ray.train.pipeline_layout import PipelineLayout
+from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE
 
 PLAN_TIMEOUT_S = 60.0
 """Longest rank 0 waits for a step's plan before it runs the newest plan it has again."""
 
 _SAVED_KEYS = {"state", "global_step", "stages"}
 """What a pipeline run's ``save_scheduler_state`` writes (the scheduler's state, the steps trained, the stages)."""
-
-_context: PipelineContext | None = None  # this worker process's context while PDMLTrainer runs a pipeline loop
-
-
-def get_pipeline_context() -> PipelineContext:
-    """The pipeline context of this Ray Train worker (inside a loop ``PDMLTrainer`` runs with ``pipeline`` set)."""
-    if _context is None:
-        raise UsageError("pdml_ray.train.get_pipeline_context() is only available inside a training loop "
-                         "launched by pdml_ray.train.PDMLTrainer with PDMLConfig(pipeline=PipelineConfig(stages=...))")
-    return _context
-
-
-def set_pipeline_context(context: PipelineContext | None) -> None:
-    """Install (or clear, with None) this process's pipeline context; ``PDMLTrainer``'s worker wrapper calls it."""
-    global _context
-    _context = context
 
 
 class ScheduledStagePlans:

@@ -24,8 +24,9 @@ from pdml_ray.config.training import check_ray_train
 from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.node import accelerator_from_gpu_name, accelerator_from_resources
 from pdml_ray.scheduler import SchedulerStats
-from pdml_ray.train.context import PDMLContext, set_context
-from pdml_ray.train.pipeline import PipelineContext, set_pipeline_context
+from pdml_ray.train.context import PDMLContext
+from pdml_ray.train.installed_context import set_context, set_pipeline_context
+from pdml_ray.train.pipeline import PipelineContext
 from pdml_ray.train.pipeline_layout import PipelineLayout
 from pdml_ray.train.ray_data import DatasetRows, materialize
 from pdml_ray.train.result_metrics import in_force_and_pending

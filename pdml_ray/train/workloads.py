@@ -7,7 +7,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from pdml_ray.train.context import get_context
+from pdml_ray.train.installed_context import get_context
 
 
 def make_classification(num_samples: int, dim: int, num_classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,7 @@ from pdml_ray.config import NodePriorityConfig, PDMLConfig, SamplePriorityConfig
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.state_format import read_state
 from pdml_ray.train import PDMLTrainer
-from pdml_ray.train.context import SCHEDULER_STATE_FILE
+from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE
 
 from loops import sampling_loop
 

@@ -16,7 +16,7 @@ from pdml_ray.config import NodePriorityConfig, PDMLConfig, PipelineConfig
 from pdml_ray.errors import ConfigError
 from pdml_ray.state_format import read_state
 from pdml_ray.train import PDMLTrainer, get_pipeline_context
-from pdml_ray.train.context import SCHEDULER_STATE_FILE
+from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE
 
 pytestmark = pytest.mark.ray
 

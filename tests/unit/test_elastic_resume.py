@@ -16,7 +16,8 @@ from pdml_ray.decisions import NodeDecision
 from pdml_ray.errors import StateError
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.state_format import write_state
-from pdml_ray.train.context import SCHEDULER_STATE_FILE, PDMLContext
+from pdml_ray.train.context import PDMLContext
+from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE
 
 N, B, K = 96, 8, 4  # 12 steps per epoch
 CONFIG = PDMLConfig(decision_interval=K, seed=3, node_priority=NodePriorityConfig(global_batch_size=B))

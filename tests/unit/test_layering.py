@@ -20,7 +20,8 @@ LAYERS = {"cli": 5, "bench": 5, "train": 4, "runtime": 4, "actors": 3, "metrics"
 CORE_RANK = 1
 # Modules inside upper packages that hold no Ray and must import without it (worker-side code).
 RAY_FREE_EXTRAS = ["pdml_ray.train.context", "pdml_ray.train.step", "pdml_ray.train.timing",
-                   "pdml_ray.train.wrappers", "pdml_ray.train.workloads"]
+                   "pdml_ray.train.wrappers", "pdml_ray.train.workloads", "pdml_ray.train.installed_context",
+                   "pdml_ray.train.saved_state"]
 
 
 def _modules() -> dict[str, Path]:

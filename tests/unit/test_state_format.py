@@ -27,7 +27,8 @@ from pdml_ray.errors import PlanError, StateError
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.state_format import VERSION, dumps, loads, read_state, write_state
 from pdml_ray.train import context as context_module
-from pdml_ray.train.context import SCHEDULER_STATE_FILE, PDMLContext
+from pdml_ray.train.context import PDMLContext
+from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE
 
 B, N = 64, 500
 

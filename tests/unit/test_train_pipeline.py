@@ -21,9 +21,9 @@ from pdml_ray.errors import ConfigError, StateError
 from pdml_ray.pipeline.torch_exec import run_local_ranks
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.state_format import write_state
-from pdml_ray.train.context import SCHEDULER_STATE_FILE
 from pdml_ray.train.pipeline import PipelineContext
 from pdml_ray.train.pipeline_latency import stage_latencies
+from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE
 
 WORKERS, MICROBATCHES, ROWS, LR, STEPS = 4, 2, 8, 0.1, 2
 TOLERANCE = 1e-5
