@@ -267,7 +267,9 @@ class StepTimeFit:
             return
         rows = np.array(later, dtype=np.float64)  # (reports, 3)
         workers, b, t = rows[:, 0].astype(np.int64), rows[:, 1], rows[:, 2]
-        self.refresh(np.unique(workers))
+        stale = self._stale[workers]
+        if stale.any():  # usually none is: a decision refits every line, and a worker flushes once between two
+            self.refresh(np.unique(workers[stale]))
         lines = self._lines
         pred = lines.predict(workers, b)
         bound = np.maximum(OUTLIER_SIGMAS * np.sqrt(lines.noise_var[workers] + lines.predict_var(workers, b)),
