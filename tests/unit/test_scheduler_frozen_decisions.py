@@ -5,8 +5,8 @@ must not change one of them.
 8-worker node per call, 5 steps per flush, a bundle per boundary) in a closed loop: each simulated
 worker's step time is ``c + b / r`` at the batch size the latest decision gave it, with 5% noise, one
 step in 16 three times slower, and a quarter of the workers slowed to half speed half-way. ``DECISIONS``
-and ``LINES`` are frozen from commit ce430be (before the folds ran on floats and the batch-size check
-took its fast path)."""
+and ``LINES`` are frozen from commit ce430be (before the step-time fit folded a batch per worker on
+Python floats); its fit statistics and lines hashed bitwise equal after that change too."""
 
 import hashlib
 
