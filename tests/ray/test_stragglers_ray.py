@@ -58,8 +58,14 @@ def test_tolerant_policies_train_through_a_straggler_and_a_death(pool, data, nam
     assert r.final_loss < r.initial_loss - 0.1
     assert r.records[-1].dead == (DYING,)
     assert all(DYING not in rec.arrived for rec in r.records[DEATH_STEP:])
-    # the straggler is never waited for: no step used its message
-    assert all(SLOW not in dict(rec.combination.weights) for rec in r.records), name
+    # the straggler is never waited for: no step used its message, except async's within its staleness
+    # bound (under load the other workers' steps stretch while its EMULATED slowdown does not)
+    used = [rec for rec in r.records if SLOW in dict(rec.combination.weights)]
+    if name == "async":
+        bound = make_policy(name, workers=N, stragglers=S).max_staleness  # type: ignore[attr-defined]
+        assert all(rec.combination.max_staleness <= bound for rec in used), [rec.step for rec in used]
+    else:
+        assert not used, (name, [rec.step for rec in used])
     # its late steps were cut short (cancelled), not queued: one call per step, each shorter than
     # its full emulated compute, and at most one report per step. How much shorter depends on when the
     # newer step's announcement reaches the worker: a full run on a loaded 2-core machine saw 0.26 s

@@ -20,11 +20,13 @@ def test_combined_gradient_equals_the_global_batch_gradient(ray_local, tmp_path,
     out = tmp_path / "out.json"
     config = PDMLConfig(decision_interval=2, node_priority=NodePriorityConfig(global_batch_size=256, emulated_speeds=[1.0, 0.4], warmup_steps=1, ema_alpha=1.0),
                         scheduler_name=f"wrappers-{sync}")
-    PDMLTrainer(wrapped_loop, train_loop_config={"out": str(out), "steps": 10, "sync": sync},
+    PDMLTrainer(wrapped_loop, train_loop_config={"out": str(out), "steps": 14, "sync": sync},
                 scaling_config=ray.train.ScalingConfig(num_workers=2),
                 run_config=ray.train.RunConfig(name=f"wrappers-{sync}", storage_path=str(tmp_path)),
                 pdml_config=config).fit()
     result = json.loads(out.read_text())
+    # the first decision is adopted when its answer is there (never waited on): by step ~4 on a quiet
+    # machine, by step 8 under a load of 10, so 14 steps leave several at unequal sizes either way
     unequal = [c for c in result["checks"] if c["sizes"][0] != c["sizes"][1]]
     assert len(unequal) >= 3, result["checks"]
     for check in result["checks"]:
