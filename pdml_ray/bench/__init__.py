@@ -8,7 +8,10 @@ The modules:
     common.py              the flags, machine facts, JSON output and table every benchmark shares
     hetero.py              ``bench hetero``, uniform shares vs node priorities
     sampling.py            ``bench sampling``, uniform vs loss-priority sampling, with ablations
+    sampling_arm.py        ``bench sampling``'s generated task and one arm's training run
+    sampling_costs.py      ``bench sampling``'s costs at N = 1e7: sum-tree, sample table, continuity check
     sampling_rho.py        ``bench sampling``'s irreducible-loss models for its rho-loss arms
+    sampling_targets.py    ``bench sampling``'s targets: each figure's value, target and whether it was met
     pipeline.py            ``bench pipeline``, schedules on the simulator grid
     pipeline_actors.py     ``bench pipeline``'s Ray-actor half (sleep compute mode)
     pipeline_planning.py   ``bench pipeline``'s planning section: the driver's time blocked on plans

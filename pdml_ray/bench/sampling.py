@@ -56,29 +56,25 @@ that one-time first-call costs of torch and numpy land on no arm.
 Costs at scale: the sum-tree's draw + update and the continuity check are also timed on a table of
 N = 10^7 synthetic scores (no model is trained at that size), the check both as the library runs it
 (incremental sum of squares: O(B) per update, O(1) per check) and as a full pass over the table.
+
+This module runs the sweep, the seeds and the summary; the task and one arm's training run are in
+``sampling_arm``, the costs at scale in ``sampling_costs``, the targets in ``sampling_targets``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
-import time
 from typing import Any, Sequence
 
 import numpy as np
 
 from pdml_ray.bench.common import median
-from pdml_ray.priority.selective_backprop import BackpropSelector
+from pdml_ray.bench.sampling_arm import Arm, make_task
+from pdml_ray.bench.sampling_costs import continuity_cost_at_scale, sumtree_timing
+from pdml_ray.bench.sampling_targets import targets
 
 DESCRIPTION = "uniform vs loss-priority sampling on an imbalanced task, with ablations (steps and wall time to a target F1)"
-
-_DIM = 16         # feature dimension
-_CLUSTERS = 4     # positive clusters
-_RADIUS = 4.0     # distance of positive cluster centres from the origin (negatives ~ N(0, I))
-_SPREAD = 0.5     # std of positives around their centre
-_HOLDOUT = 2000   # held-out samples per class
-_LARGE_N = 10_000_000
 
 ARMS: dict[str, str] = {
     "uniform": "uniform sampling, plain mean loss (baseline, tuned: its own best rate of the grid)",
@@ -118,13 +114,6 @@ _PRIORITY_ARMS: dict[str, dict[str, Any]] = {
     "priority_no_correction": {"is_exponent_start": 0.0, "is_exponent_end": 0.0},
 }
 RATIO_DIRECTION = "uniform / arm: > 1 means the arm reaches the target in fewer steps (less time) than uniform"
-# Targets of the issues (BENCHMARKS.md): priority vs uniform (issue 24), the best label-free arm at imbalance
-# 1000, rho-loss on noisy labels, the balanced control with the switch, sum-tree and continuity costs (issue 26).
-_STEP_RATIO_TARGET, _TIME_RATIO_TARGET, _CONTROL_SLOWDOWN = 3.0, 2.0, 1.05
-_HIGH_IMBALANCE, _HIGH_STEP_RATIO, _HIGH_TIME_RATIO = 1000, 10.0, 3.0
-_RHO_VS_LABELS = 1.2  # rho-loss steps at most this times label-aware oversampling's, on noisy labels
-_SUMTREE_MS_TARGET, _CONTINUITY_FRACTION_TARGET = 2.0, 1e-3
-_FOCAL_GAMMA = 2.0
 _CONTROL_ARMS = ("uniform", "priority")
 _CONTROL_STEPS = 300  # the balanced control's budget: it reaches its target in tens of steps
 
@@ -196,177 +185,6 @@ def choose_rates(sweep_trials: dict[float, list[dict[str, Any]]], arm_names: Seq
     return {name: min(sweep_trials, key=lambda lr: score(lr, name)) for name in arm_names}
 
 
-def _make_task(imbalance: int, n: int, seed: int, label_noise: float = 0.0):
-    """Training set (x (n, d) float32, y (n,) float32) with n // (imbalance + 1) positives, a random
-    ``label_noise`` share of its labels flipped, and a balanced held-out set with clean labels; the
-    cluster centres depend only on ``seed``."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((_CLUSTERS, _DIM))
-    centres *= _RADIUS / np.linalg.norm(centres, axis=1, keepdims=True)
-
-    def draw(n_neg: int, n_pos: int, r: np.random.Generator):
-        pos = centres[r.integers(0, _CLUSTERS, n_pos)] + _SPREAD * r.standard_normal((n_pos, _DIM))
-        x = np.concatenate([r.standard_normal((n_neg, _DIM)), pos]).astype(np.float32)
-        y = np.concatenate([np.zeros(n_neg), np.ones(n_pos)]).astype(np.float32)
-        return x, y
-
-    n_pos = max(1, n // (imbalance + 1))
-    x, y = draw(n - n_pos, n_pos, rng)
-    if label_noise > 0:
-        flip = np.random.default_rng(seed + 20_011).random(n) < label_noise
-        y[flip] = 1.0 - y[flip]
-    return (x, y), draw(_HOLDOUT, _HOLDOUT, np.random.default_rng(seed + 10_007))
-
-
-def class_balanced_draw(rng: np.random.Generator, class_indices: Sequence[np.ndarray], count: int) -> np.ndarray:
-    """``count`` i.i.d. sample indices (int64) drawn class-balanced: each draw picks one of the K classes
-    uniformly, then a sample of that class uniformly, so P(i) = 1 / (K n_class(i)), as torch's
-    ``WeightedRandomSampler`` with weights 1 / class count does. ``class_indices[k]``: the indices of class k."""
-    per_class = rng.multinomial(count, np.full(len(class_indices), 1.0 / len(class_indices)))
-    parts = [c[rng.integers(0, c.size, size=k)] for c, k in zip(class_indices, per_class)]
-    return np.concatenate(parts).astype(np.int64)
-
-
-class _Arm:
-    """One training run: model, optimiser, sampler, clocks (seconds) and the metric history."""
-
-    def __init__(self, name: str, x, y, args, seed: int, lr: float, prioritizer=None, selection_s: float = 0.0) -> None:
-        import torch
-
-        torch.manual_seed(seed)  # same initial weights in every arm
-        self.name, self.x, self.y, self.n = name, x, y, x.shape[0]
-        h = args.hidden
-        self.model = torch.nn.Sequential(torch.nn.Linear(_DIM, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
-                                          torch.nn.ReLU(), torch.nn.Linear(h, 1))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.sp = prioritizer
-        labels = y.numpy()
-        self.classes = [np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)] if name == "label_balanced" else None
-        self.focal = name == "focal"
-        cfg = prioritizer.config if prioritizer is not None else None
-        self.selector = (BackpropSelector(cfg.backprop_share, cfg.percentile_window)
-                         if cfg is not None and cfg.mode == "selective-backprop" else None)
-        self.plan_ahead = args.plan_ahead
-        self._plans: list = []               # plans drawn for the rest of the interval
-        self._uniform: np.ndarray = np.empty(0, dtype=np.int64)  # uniform draws for the rest of the interval
-        self._feedback: list[tuple] = []     # (indices, losses) of the interval's steps so far
-        self.rng = np.random.default_rng(seed + 1)
-        self.batch = args.batch_size
-        # everything of a step: sampling, weights, forward, backward, table updates; from step 0 it holds
-        # the selection work done before training (rho_loss: the irreducible-loss model, ``selection_s``)
-        self.train_s = selection_s
-        self.overhead_s = selection_s  # the selection part of train_s: plan() + update() + that work
-        self.hit_step: int | None = None
-        self.hit_s: float | None = None
-        self.last: dict[str, float] = {}
-
-    def step(self, step: int) -> None:
-        import torch
-        import torch.nn.functional as F
-
-        t0 = time.perf_counter()
-        w = None
-        if self.classes is not None:
-            idx = class_balanced_draw(self.rng, self.classes, self.batch)
-        elif self.sp is None:
-            # an interval's draws at once, as the table draws its uniform plans: with the table seeded
-            # like this arm (_trial), a priority arm drawing uniformly trains on these same batches
-            if not self._uniform.size:
-                self._uniform = self.rng.integers(0, self.n, self.batch * self.plan_ahead)
-            idx, self._uniform = self._uniform[:self.batch], self._uniform[self.batch:]
-        else:
-            # As in the Ray Train path: at each interval boundary the table takes the interval's
-            # losses in one update, then hands out the next interval's plans from one draw.
-            if not self._plans:
-                if self._feedback:
-                    idx_all, loss_all = (np.concatenate(a) for a in zip(*self._feedback))
-                    self.sp.update(idx_all, loss_all, step - 1)
-                    self._feedback = []
-                self._plans = self.sp.plans(step, self.plan_ahead, [self.batch])
-            plan = self._plans.pop(0)
-            idx, weights = plan.indices[0], plan.weights[0]
-            # sum(w l) / sum(w) as one dot product: w normalised here, one autograd op in the step; a
-            # uniform plan (switched off, every weight 1) takes the plain mean, as the uniform arm does
-            w = None if weights.min() == 1.0 else torch.from_numpy(weights / weights.sum())
-        t1 = time.perf_counter()
-        ti = torch.from_numpy(idx)
-        if self.selector is not None:
-            per_sample, loss = self._selective_backprop_loss(self.selector, ti, w)
-        else:
-            logits, target = self.model(self.x[ti]).squeeze(1), self.y[ti]
-            per_sample = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
-            trained = per_sample
-            if self.focal:  # (1 - p_t)^gamma down-weights the well-classified samples
-                p = torch.sigmoid(logits)
-                trained = per_sample * (1.0 - (p * target + (1.0 - p) * (1.0 - target))) ** _FOCAL_GAMMA
-            loss = trained.mean() if w is None else trained @ w
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        t2 = time.perf_counter()
-        if self.sp is not None:
-            self._feedback.append((idx, per_sample.detach().numpy()))
-            self.sp.note_step_seconds(t2 - t1)  # the pay switch's cost reference: the step without selection
-            self.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
-        self.train_s += time.perf_counter() - t0
-
-    def _selective_backprop_loss(self, selector: BackpropSelector, ti, w):
-        """Selective-Backprop as ``ctx.step``'s ``backprop_rows`` runs it: the whole batch scored without
-        gradients, the high-loss share forwarded again and backpropagated alone (the chosen rows' mean, as
-        the masked form). Returns every sample's loss (the table's feedback) and the loss to backpropagate."""
-        import torch
-        import torch.nn.functional as F
-
-        x, target = self.x[ti], self.y[ti]
-        with torch.no_grad():  # the scoring forward: no graph over the batch
-            per_sample = F.binary_cross_entropy_with_logits(self.model(x).squeeze(1), target, reduction="none")
-        t_sel = time.perf_counter()
-        rows = torch.from_numpy(selector.rows(per_sample.numpy()))  # (k,) int64
-        self.overhead_s += time.perf_counter() - t_sel
-        chosen = F.binary_cross_entropy_with_logits(self.model(x[rows]).squeeze(1), target[rows], reduction="none")
-        scale = per_sample.numel() / max(rows.numel(), 1)  # w sums to 1 over the batch: rescaled to the chosen
-        loss = chosen.mean() if w is None else (chosen * scale) @ w[rows]
-        return per_sample, loss
-
-    def evaluate(self, step: int, xt, yt, target: float) -> None:
-        import torch
-
-        with torch.no_grad():
-            pred = (self.model(xt).squeeze(1) > 0).float()
-        tp = float((pred * yt).sum()); fp = float((pred * (1 - yt)).sum()); fn = float(((1 - pred) * yt).sum())
-        recall, precision = tp / max(tp + fn, 1.0), tp / max(tp + fp, 1.0)
-        f1 = 2 * precision * recall / max(precision + recall, 1e-12)
-        accuracy = float((pred == yt).float().mean())  # on the clean, balanced test split
-        self.last = {"minority_f1": f1, "minority_recall": recall, "minority_precision": precision,
-                     "accuracy": accuracy, "step": step}
-        if self.hit_step is None and f1 >= target:
-            self.hit_step, self.hit_s = step, self.train_s
-
-    def result(self, max_steps: int) -> dict[str, Any]:
-        """This arm's figures for one seed; ``*_bounded`` count a miss as the budget."""
-        out: dict[str, Any] = {
-            "steps_to_target": self.hit_step, "time_to_target_s": self.hit_s, "reached": self.hit_step is not None,
-            "steps_bounded": self.hit_step if self.hit_step is not None else max_steps,
-            "time_bounded_s": self.hit_s if self.hit_s is not None else self.train_s,
-            "train_s": self.train_s, "step_time_ms": 1e3 * self.train_s / max_steps, "final": self.last}
-        if self.sp is not None:
-            stats = self.sp.stats()
-            checks = max(stats.continuity_checks, 1)
-            out.update(
-                priority_overhead_fraction=self.overhead_s / self.train_s,
-                continuity_overhead_fraction=stats.continuity_seconds / self.train_s,
-                continuity_update_fraction=stats.continuity_update_seconds / self.train_s,
-                continuity_check_us=1e6 * (stats.continuity_seconds - stats.continuity_update_seconds) / checks,
-                recalibration_overhead_fraction=stats.recalibration_seconds / self.train_s,
-                priority_stats=dataclasses.asdict(stats),
-                # the pay switch's verdicts: (first step of the probe, measured gain, priority on after it)
-                switch_verdicts=[list(v) for v in self.sp.switch.verdicts])
-        if self.selector is not None:  # the share of the forwarded samples that was backpropagated
-            sel = self.selector
-            out["backprop_fraction"] = sel.trained / max(sel.trained + sel.forward_only, 1)
-        return out
-
-
 def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, target: float,
            lrs: dict[str, float], stop_when_reached: bool = False, label_noise: float | None = None) -> dict[str, Any]:
     """Every arm of ``lrs`` (name -> its learning rate) on one generated task, interleaved step by step;
@@ -379,14 +197,14 @@ def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, tar
     from pdml_ray.priority.sample import SamplePrioritizer
 
     noise = args.label_noise if label_noise is None else label_noise
-    (x, y), (xt, yt) = _make_task(imbalance, args.dataset_size, seed, noise)
+    (x, y), (xt, yt) = make_task(imbalance, args.dataset_size, seed, noise)
     x, y, xt, yt = map(torch.from_numpy, (x, y, xt, yt))
     continuity = ContinuityConfig() if args.check_interval is None else ContinuityConfig(check_interval=args.check_interval)
     arms, il_costs = [], {}
     for name, lr in lrs.items():
         sp, selection_s = None, 0.0
         if name in _PRIORITY_ARMS:
-            # seed + 1: the table's uniform draws are the uniform arm's (common random numbers, _Arm)
+            # seed + 1: the table's uniform draws are the uniform arm's (common random numbers, Arm)
             sp = SamplePrioritizer(args.dataset_size, priority_config(args, name), continuity, seed=seed + 1)
         if name in RHO_ARMS:
             assert sp is not None
@@ -394,7 +212,7 @@ def _trial(imbalance: int, args, seed: int, max_steps: int, eval_every: int, tar
             sp.set_irreducible_losses(np.arange(args.dataset_size), il.losses)
             selection_s = il.train_s + il.infer_s
             il_costs[name] = {"train_s": il.train_s, "infer_s": il.infer_s}
-        arms.append(_Arm(name, x, y, args, seed, lr, sp, selection_s))
+        arms.append(Arm(name, x, y, args, seed, lr, sp, selection_s))
     for step in range(max_steps):
         for arm in arms:
             arm.step(step)
@@ -481,126 +299,6 @@ def library_overrides(args: argparse.Namespace) -> dict[str, Any]:
     mine = {"exponent": args.temperature, "uniform_mix": args.uniform_mix, "unseen_score": args.unseen_score,
             "pay_threshold": args.pay_threshold or None}
     return {k: v for k, v in mine.items() if getattr(library, k) != v}
-
-
-def _sumtree_timing(reps: int, seed: int) -> dict[str, Any]:
-    from pdml_ray.priority.sumtree import SumTree
-
-    n, batch = _LARGE_N, 1024
-    rng = np.random.default_rng(seed)
-    tree = SumTree(n, rng.exponential(size=n))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        idx = tree.draw(batch, rng)
-        tree.update(idx, rng.exponential(size=batch))
-        times.append(time.perf_counter() - t0)
-    ms = 1e3 * np.asarray(times)
-    return {"n": n, "batch": batch, "repetitions": reps, "synthetic_scores": True,
-            "draw_update_ms_median": float(np.median(ms)), "draw_update_ms_max": float(ms.max())}
-
-
-def _continuity_cost_at_scale(args, steps: int, reference_step_ms: float) -> dict[str, Any]:
-    """The continuity check on a table of N = 10^7 synthetic scores with the library's settings (a
-    running sum of squares at this size), driven like the benchmark's priority arm (plans for
-    ``plan_ahead`` steps, one update per interval, a check every ``check_interval`` steps), against
-    one full pass over the table per check (what the check costs on tables below
-    ``continuity.running_sums_from``)).
-    Fractions are of ``reference_step_ms``: the priority arm's measured step, a small MLP on one CPU
-    core, i.e. about the smallest step a model has (a pessimistic reference)."""
-    from pdml_ray.config import ContinuityConfig
-    from pdml_ray.priority.continuity import dot
-    from pdml_ray.priority.sample import SamplePrioritizer
-
-    n = _LARGE_N
-    continuity = ContinuityConfig() if args.check_interval is None else ContinuityConfig(check_interval=args.check_interval)
-    sp = SamplePrioritizer(n, priority_config(args, "priority"), continuity, seed=args.seed)
-    rng = np.random.default_rng(args.seed)
-    sp.update(np.arange(n), rng.exponential(size=n), step=0)  # every sample seen: the steady state
-    sp.check_seconds = sp.squares_seconds = 0.0
-    assert sp.monitor is not None
-    checks0, k = sp.monitor.checks, args.plan_ahead
-    for first in range(1, steps + 1, k):
-        plans = sp.plans(first, k, [args.batch_size])
-        idx = np.concatenate([p.indices[0] for p in plans])
-        sp.update(idx, rng.exponential(size=idx.size), first + k - 1)  # a check runs when one is due
-    checks = sp.monitor.checks - checks0
-    leaves = sp.tree.leaves
-    full = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dot(leaves, leaves)
-        full.append(time.perf_counter() - t0)
-    full_s = float(np.median(full))
-    # The library's own path at this size: one plan of B = 1024 (draw, probabilities, weights, the pay
-    # switch's verdict) plus the update of its 1,024 losses (scores, sum-tree, running sums), per call.
-    table_ms = []
-    for step in range(steps + 1, steps + 1 + (10 if args.quick else 50)):
-        t0 = time.perf_counter()
-        plan = sp.plans(step, 1, [1024])[0]
-        sp.update(plan.indices[0], rng.exponential(size=1024), step)
-        table_ms.append(1e3 * (time.perf_counter() - t0))
-    incremental_step_s = sp.check_seconds / steps
-    full_step_s = full_s / continuity.check_interval + (sp.check_seconds - sp.squares_seconds) / steps
-    ref = reference_step_ms / 1e3
-    return {
-        "n": n, "synthetic_scores": True, "steps": steps, "checks": checks, "check_interval": continuity.check_interval,
-        "table_plan_update_ms_median": float(np.median(table_ms)), "table_plan_update_ms_max": float(np.max(table_ms)),
-        "table_batch": 1024, "table_mode": sp.config.mode, "table_pay_threshold": sp.config.pay_threshold,
-        "update_batch": k * args.batch_size, "reference_step_ms": reference_step_ms,
-        "reference_step": "the benchmark's measured priority step (small MLP, one CPU core): a pessimistic reference",
-        "incremental_check_us": 1e6 * (sp.check_seconds - sp.squares_seconds) / max(checks, 1),
-        "incremental_update_us": 1e6 * sp.squares_seconds / max(steps // k, 1),
-        "incremental_per_step_us": 1e6 * incremental_step_s,
-        "incremental_fraction_of_step": incremental_step_s / ref,
-        "full_pass_us": 1e6 * full_s, "full_pass_per_step_us": 1e6 * full_step_s,
-        "full_pass_fraction_of_step": full_step_s / ref,
-        # a mid-size model's step on one accelerator, for scale (not measured here)
-        "incremental_fraction_of_100ms_step": incremental_step_s / 0.1, "full_pass_fraction_of_100ms_step": full_step_s / 0.1,
-        "note": "incremental_update_us includes gathering the changed leaves' old values, which also brings "
-                "them into cache for the tree's own write right after: an upper bound on the marginal cost",
-    }
-
-
-def _targets(args: argparse.Namespace, summary: dict[str, Any], control: dict[str, Any], tree: dict[str, Any],
-             at_scale: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The targets that apply to this run's data (--imbalance, --label-noise) and arms."""
-    def at_least(value: float | None, target: float) -> dict[str, Any]:
-        return {"value": value, "target": target, "met": value is not None and value >= target}
-
-    def below(value: float | None, target: float) -> dict[str, Any]:
-        return {"value": value, "target": target, "met": value is not None and value < target}
-
-    arms, best = summary["arms"], summary["best_label_free"]
-    out = {
-        "step_ratio >= 3 (uniform / priority steps to target)": at_least(summary["step_ratio"], _STEP_RATIO_TARGET),
-        "time_ratio >= 2 (uniform / priority time to target)": at_least(summary["time_ratio"], _TIME_RATIO_TARGET),
-    }
-    if args.imbalance >= _HIGH_IMBALANCE and args.label_noise == 0:
-        out[f"imbalance >= 1000: best label-free arm ({best}) >= 10x fewer steps than tuned uniform"] = \
-            at_least(arms[best]["step_ratio"], _HIGH_STEP_RATIO)
-        out[f"imbalance >= 1000: best label-free arm ({best}) >= 3x less wall time than tuned uniform"] = \
-            at_least(arms[best]["time_ratio"], _HIGH_TIME_RATIO)
-    if args.label_noise > 0 and "rho_loss" in arms and "priority" in arms:
-        # fewer median steps (a miss counts as the budget): rho_loss over priority > 1 beats it
-        out["noisy labels: rho_loss beats importance sampling (priority steps / rho_loss steps > 1)"] = {
-            "value": arms["priority"]["steps_to_target"] / arms["rho_loss"]["steps_to_target"], "target": 1.0,
-            "met": arms["rho_loss"]["steps_to_target"] < arms["priority"]["steps_to_target"]}
-        if "label_balanced" in arms:
-            out["noisy labels: rho_loss within 1.2x of label-aware oversampling (rho_loss / label_balanced steps)"] = \
-                below(arms["rho_loss"]["steps_to_target"] / arms["label_balanced"]["steps_to_target"], _RHO_VS_LABELS
-                      + 1e-12)
-    out["balanced control: priority with the pay switch at most 1.05x slower (time_ratio >= 1/1.05)"] = \
-        at_least(control["time_ratio"], round(1.0 / _CONTROL_SLOWDOWN, 4))
-    out["sum-tree draw + update, B = 1024, N = 1e7: median < 2 ms"] = below(tree["draw_update_ms_median"],
-                                                                           _SUMTREE_MS_TARGET)
-    out["sample table plan + update (the library's path), B = 1024, N = 1e7: median < 2 ms"] = \
-        below(at_scale["table_plan_update_ms_median"], _SUMTREE_MS_TARGET)
-    out["continuity cost < 0.1% of a step (library default interval)"] = \
-        below(summary["continuity_overhead_fraction"], _CONTINUITY_FRACTION_TARGET)
-    out["continuity cost at N = 1e7 < 0.1% of the reference step"] = \
-        below(at_scale["incremental_fraction_of_step"], _CONTINUITY_FRACTION_TARGET)
-    return out
 
 
 def _control_rates(args: argparse.Namespace, grid: Sequence[float], seeds: Sequence[int],
@@ -697,8 +395,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"verdicts {_verdicts(c['priority'])}); continuity "
               f"collapses (peaked/flat) {stats['collapsed_peaked']:.0f}/{stats['collapsed_flat']:.0f}")
     summary, control = _summary(runs, arm_names), _summary(controls, ["uniform", "priority"])
-    tree = _sumtree_timing(10 if args.quick else 50, args.seed)
-    at_scale = _continuity_cost_at_scale(args, 200 if args.quick else 1000, summary["step_time_priority_ms"])
+    tree = sumtree_timing(10 if args.quick else 50, args.seed)
+    at_scale = continuity_cost_at_scale(args, priority_config(args, "priority"), 200 if args.quick else 1000,
+                                        summary["step_time_priority_ms"])
     ablations = {name: {"steps_to_target": summary["arms"][name]["steps_to_target"],
                         "time_to_target_s": summary["arms"][name]["time_to_target_s"],
                         "step_ratio": summary["arms"][name]["step_ratio"],
@@ -741,7 +440,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "continuity_cost_at_1e7": at_scale,
         "runs": runs, "control_runs": controls,
     }
-    result["targets"] = _targets(args, summary, control, tree, at_scale)
+    result["targets"] = targets(args, summary, control, tree, at_scale)
     arms = summary["arms"]
     rows = [[n, arms[n]["steps_to_target"], arms[n]["time_to_target_s"], arms[n]["step_ratio"], arms[n]["time_ratio"],
              f"{arms[n]['reached']}/{reps}", arms[n]["final_minority_f1"], arms[n]["final_accuracy"],

@@ -369,7 +369,7 @@ def test_importance_exponent_held_at_one_or_at_zero():
 
 
 def test_label_balanced_baseline_draws_each_class_equally_often_and_uniformly_within():
-    from pdml_ray.bench.sampling import class_balanced_draw
+    from pdml_ray.bench.sampling_arm import class_balanced_draw
 
     labels = np.zeros(2000, dtype=int)
     labels[::200] = 1  # 10 minority samples among 2,000

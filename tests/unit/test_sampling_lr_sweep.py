@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from pdml_ray.bench import sampling
+from pdml_ray.bench import sampling, sampling_arm
 from pdml_ray.bench.common import add_common_arguments
 
 
@@ -42,8 +42,8 @@ def test_arms_train_at_the_rates_they_are_given():
     assert trial["lr"] == {"uniform": 1e-2, "priority": 3e-3}
     import torch
 
-    (x, y), _ = sampling._make_task(50, 400, 0)
-    arm = sampling._Arm("uniform", torch.from_numpy(x), torch.from_numpy(y), args, 0, 3e-2)
+    (x, y), _ = sampling_arm.make_task(50, 400, 0)
+    arm = sampling_arm.Arm("uniform", torch.from_numpy(x), torch.from_numpy(y), args, 0, 3e-2)
     assert arm.opt.param_groups[0]["lr"] == 3e-2
 
 

@@ -5,7 +5,7 @@ import argparse
 import numpy as np
 import pytest
 
-from pdml_ray.bench import sampling
+from pdml_ray.bench import sampling, sampling_arm, sampling_targets
 from pdml_ray.bench.common import add_common_arguments
 from pdml_ray.errors import UsageError
 
@@ -18,8 +18,8 @@ def _parse(argv):
 
 
 def test_label_noise_flips_that_share_of_training_labels_and_never_the_test_split():
-    (_, clean), (_, test_clean) = sampling._make_task(1, 20_000, 3)
-    (_, noisy), (_, test_noisy) = sampling._make_task(1, 20_000, 3, label_noise=0.2)
+    (_, clean), (_, test_clean) = sampling_arm.make_task(1, 20_000, 3)
+    (_, noisy), (_, test_noisy) = sampling_arm.make_task(1, 20_000, 3, label_noise=0.2)
     assert np.mean(clean != noisy) == pytest.approx(0.2, abs=0.01)
     np.testing.assert_array_equal(test_clean, test_noisy)
 
@@ -50,11 +50,11 @@ def test_arms_flag_and_targets_follow_the_data():
                "continuity_overhead_fraction": 1e-4, "best_label_free": "rho_loss"}
     control, tree = {"time_ratio": 0.9}, {"draw_update_ms_median": 1.0}
     scale = {"incremental_fraction_of_step": 1e-4, "table_plan_update_ms_median": 1.5}
-    high = sampling._targets(_parse(["--imbalance", "1000"]), summary, control, tree, scale)
+    high = sampling_targets.targets(_parse(["--imbalance", "1000"]), summary, control, tree, scale)
     assert high["imbalance >= 1000: best label-free arm (rho_loss) >= 10x fewer steps than tuned uniform"]["met"]
     assert high["imbalance >= 1000: best label-free arm (rho_loss) >= 3x less wall time than tuned uniform"]["met"]
     assert not high["balanced control: priority with the pay switch at most 1.05x slower (time_ratio >= 1/1.05)"]["met"]
-    noisy = sampling._targets(_parse(["--imbalance", "1", "--label-noise", "0.2"]), summary, control, tree, scale)
+    noisy = sampling_targets.targets(_parse(["--imbalance", "1", "--label-noise", "0.2"]), summary, control, tree, scale)
     assert noisy["noisy labels: rho_loss beats importance sampling (priority steps / rho_loss steps > 1)"]["met"]
     assert noisy["noisy labels: rho_loss within 1.2x of label-aware oversampling (rho_loss / label_balanced steps)"]["met"]
     assert not any("imbalance >= 1000" in k for k in noisy)

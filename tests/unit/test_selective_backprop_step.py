@@ -134,7 +134,7 @@ def test_the_bench_arm_backpropagates_the_chosen_rows_alone_with_the_masked_form
 
     import torch.nn.functional as F
 
-    from pdml_ray.bench import sampling
+    from pdml_ray.bench import sampling, sampling_arm
     from pdml_ray.bench.common import add_common_arguments
     from pdml_ray.priority.sample import SamplePrioritizer
 
@@ -142,10 +142,10 @@ def test_the_bench_arm_backpropagates_the_chosen_rows_alone_with_the_masked_form
     sampling.add_arguments(parser)
     add_common_arguments(parser)
     args = parser.parse_args(["--dataset-size", "200", "--hidden", "8", "--batch-size", "32"])
-    (x, y), _ = sampling._make_task(3, 200, 0)
+    (x, y), _ = sampling_arm.make_task(3, 200, 0)
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     sp = SamplePrioritizer(200, sampling.priority_config(args, "selective_backprop"), seed=1)
-    arm = sampling._Arm("selective_backprop", x, y, args, 0, 1e-2, sp)
+    arm = sampling_arm.Arm("selective_backprop", x, y, args, 0, 1e-2, sp)
     ref = copy.deepcopy(arm.model)
     rows_seen: list[int] = []
     arm.model[4].register_full_backward_hook(lambda m, gin, gout: rows_seen.append(gout[0].shape[0]))
