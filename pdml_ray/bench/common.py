@@ -95,6 +95,18 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
     return info
 
 
+def init_ray(num_cpus: int) -> None:
+    """Join the cluster in ``RAY_ADDRESS`` (a submitted job, ``ray job submit``), else start a private
+    local Ray instance of ``num_cpus`` logical CPUs. Never ``ray.init(num_cpus=...)`` alone: with another
+    local cluster running on the machine, Ray attaches to it and then refuses ``num_cpus``."""
+    import ray
+
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(log_to_driver=False)  # the user's cluster
+    else:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
 def check_device(device: str) -> None:
     if device == "cuda":
         import torch

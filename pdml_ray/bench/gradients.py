@@ -245,7 +245,7 @@ def _targets(arms: dict[str, dict[str, Any]], grid: tuple) -> tuple[dict[str, di
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from pdml_ray.bench.common import check_device, finish, print_table
+    from pdml_ray.bench.common import check_device, finish, init_ray, print_table
     from pdml_ray.bench.stragglers import _overhead
     from pdml_ray.errors import ConfigError
     from pdml_ray.runtime.stragglers import WorkerPool
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"held-out accuracy at L*: {problem['best_accuracy']:.2f}%", flush=True)
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=max(4, n // 2 + 1), include_dashboard=False, log_to_driver=False)
+        init_ray(max(4, n // 2 + 1))
     pool = WorkerPool(num_cpus_per_worker=0.25)
     t0 = time.perf_counter()
     try:

@@ -225,7 +225,7 @@ def targets(result: dict[str, Any], compute: str) -> dict[str, dict[str, Any]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from pdml_ray.bench.common import check_device, finish, print_table
+    from pdml_ray.bench.common import check_device, finish, init_ray, print_table
 
     check_device(args.device)
     speeds = parse_speeds(args.speeds, args.workers)
@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"({note})")
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=len(speeds), include_dashboard=False, log_to_driver=False)
+        init_ray(len(speeds))
     per_repeat = []
     sleep_speeds = speeds if args.compute == "sleep" else None
     try:

@@ -382,7 +382,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from pdml_ray.bench.common import finish, print_table
+    from pdml_ray.bench.common import finish, init_ray, print_table
     from pdml_ray.config.p3 import P3Config
     from pdml_ray.errors import UsageError
     from pdml_ray.p3.link import EMULATION_NOTE
@@ -414,7 +414,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_start = _load_average()
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        init_ray(4)
     runs: list[dict[str, Any]] = []
     notes: dict[str, str] = {}
     try:

@@ -37,7 +37,7 @@ import statistics
 import time
 from typing import Any, Iterator, Sequence
 
-from pdml_ray.bench.common import ratio_key
+from pdml_ray.bench.common import init_ray, ratio_key
 from pdml_ray.errors import UsageError
 from pdml_ray.pipeline.registry import ALL_SCHEDULES, PROJECT_SCHEDULES, STATIC_SCHEDULES, TORCH_SCHEDULES
 
@@ -230,11 +230,7 @@ def _ray_session(args: argparse.Namespace) -> Iterator[None]:
 
     started = not ray.is_initialized()
     if started:
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(log_to_driver=False)  # the user's cluster
-        else:
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 6), include_dashboard=False,
-                     log_to_driver=False)
+        init_ray(max(os.cpu_count() or 1, 6))
     try:
         yield
     finally:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from pdml_ray.actors.pipeline import DEFAULT_STAGE_NUM_CPUS
+from pdml_ray.bench.common import init_ray
 from pdml_ray.config import PDMLConfig, PipelineConfig
 from pdml_ray.errors import ConfigError
 from pdml_ray.runtime.pipeline import PipelineRuntime, StepResult
@@ -73,12 +74,7 @@ def compare_schedules(static_name: str = "1f1b", adaptive_name: str = "osprey", 
 
     started_ray = not ray.is_initialized()
     if started_ray:
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(log_to_driver=False)  # the user's cluster
-        else:
-            # address="local": a fresh private instance, never some other job's cluster on this machine.
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, stages * replicas),
-                     include_dashboard=False, log_to_driver=False)
+        init_ray(max(os.cpu_count() or 1, stages * replicas))
     runtime = PipelineRuntime(model, stages, replicas, nn.MSELoss(), lr=0.01, speeds={slow: slow_replica_speed},
                               num_cpus_per_actor=num_cpus_per_actor, compute=compute,
                               per_sample_s=per_sample_ms / 1e3 if compute == "sleep" else 0.0)

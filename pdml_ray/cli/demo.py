@@ -106,8 +106,11 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.address not in (None, "local"):
         probe(args.address)  # seconds, not Ray's minutes of retries, when nothing answers there
-    local = args.address in (None, "local")
-    context = ray.init(address=args.address, num_cpus=len(speeds) if local else None, include_dashboard=local,
+    # no --address: the cluster in RAY_ADDRESS (a submitted job), else a private local instance (Ray's
+    # default would attach to another local cluster on this machine, then refuse num_cpus)
+    address = args.address or (None if os.environ.get("RAY_ADDRESS") else "local")
+    local = address == "local"
+    context = ray.init(address=address, num_cpus=len(speeds) if local else None, include_dashboard=local,
                        log_to_driver=False)
     dashboard = getattr(context, "dashboard_url", None)
     note = emulation_note(args)
