@@ -1,9 +1,10 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - runs the main job (a local Ray cluster, 4 workers with emulated speeds)
-#   make test   - type-checks (mypy) and runs the whole test suite (unit, end-to-end, GPU and Ray
-#                 tiers) in two pytest-xdist processes, a test file at a time in each: Ray and
-#                 end-to-end tests wait on process starts much of the time, unit tests are pure CPU
-#                 work; each process runs the Ray tier's files on one local cluster of its own
+#   make test   - type-checks (mypy) and runs the whole test suite: the unit and end-to-end tiers in
+#                 two processes (unit tests are pure CPU work, one core each; end-to-end tests are
+#                 separate programs, each on a private Ray instance, waiting on process starts much of
+#                 the time), then the GPU and Ray tiers in one (the Ray tier's tests share one cluster
+#                 per module and some read timings: nothing else runs beside them)
 # Both create (or reuse) the virtual environment in $(VENV).
 PYTHON ?= python3
 VENV ?= .venv
@@ -29,7 +30,8 @@ demo: venv
 test: venv
 	$(PY) -m mypy
 	-sh scripts/install_test_tools.sh
-	$(PY) -m pytest -q -rs --durations=30 -p no:cacheprovider -n 2 --dist loadfile tests/unit tests/e2e tests/gpu tests/ray
+	$(PY) -m pytest -q -rs --durations=15 -p no:cacheprovider -n 2 --dist loadfile tests/unit tests/e2e
+	$(PY) -m pytest -q -rs --durations=25 -p no:cacheprovider tests/gpu tests/ray
 
 unit: venv
 	$(PY) -m pytest -q -rs -p no:cacheprovider tests/unit
