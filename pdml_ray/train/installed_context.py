@@ -37,13 +37,8 @@ def get_pipeline_context() -> PipelineContext:
                                           "PDMLConfig(pipeline=PipelineConfig(stages=...))")
 
 
-def set_context(context: PDMLContext | None) -> None:
-    """Install (or clear, with None) this process's context; ``PDMLTrainer``'s worker wrapper calls it."""
-    global _installed
-    _installed = context
-
-
-def set_pipeline_context(context: PipelineContext | None) -> None:
-    """Install (or clear, with None) this process's pipeline context; ``PDMLTrainer``'s worker wrapper calls it."""
+def set_context(context: PDMLContext | PipelineContext | None) -> None:
+    """Install (or clear, with None) this process's context, of either kind; ``PDMLTrainer``'s worker
+    wrapper calls it."""
     global _installed
     _installed = context

@@ -47,7 +47,7 @@ micro-batches, so there is no per-worker batch share to act on, and ``PDMLTraine
 stages are built once): static schedules, or osprey and auto with ``osprey.plans='full-backward'``,
 which plan from every step's action latencies (``pipeline_latency``: the ranks time torch's compute
 calls, rank 0 sends the slowest replica's per action). Ray-free: ``PDMLTrainer``'s worker wrapper
-installs the context (``set_pipeline_context``).
+installs the context (``installed_context.set_context``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.node import accelerator_from_gpu_name, accelerator_from_resources
 from pdml_ray.scheduler import SchedulerStats
 from pdml_ray.train.context import PDMLContext
-from pdml_ray.train.installed_context import set_context, set_pipeline_context
+from pdml_ray.train.installed_context import set_context
 from pdml_ray.train.pipeline import PipelineContext
 from pdml_ray.train.pipeline_layout import PipelineLayout
 from pdml_ray.train.ray_data import DatasetRows, materialize
@@ -73,7 +73,7 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     context.report_fn = ray.train.report
     context.datasets = {name: DatasetRows(blocks) for name, blocks in pdml.get("datasets", {}).items()}
     context.elastic = pdml["elastic"]  # its checkpoint may come from another worker count
-    return _run_loop(context, set_context, user_loop, config,
+    return _run_loop(context, user_loop, config,
                      lambda: f"at step {context.global_step} (epoch {context.start_epoch})")
 
 
@@ -89,10 +89,10 @@ def _run_pipeline_worker(user_loop: Callable, config: dict, pdml_config: PDMLCon
     context = PipelineContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, client, accel)
     context.report_fn = ray.train.report
     # pdml-ray's state is restored before the loop's prepare
-    return _run_loop(context, set_pipeline_context, user_loop, config, lambda: f"at step {context.start_step}")
+    return _run_loop(context, user_loop, config, lambda: f"at step {context.start_step}")
 
 
-def _run_loop(context: Any, install: Callable[[Any], None], user_loop: Callable, config: dict,
+def _run_loop(context: Any, user_loop: Callable, config: dict,
               resumed_at: Callable[[], str]) -> Any:
     """Either kind of worker context (``PDMLContext``, ``PipelineContext``): restore pdml-ray's state from
     Ray Train's latest checkpoint (a restart after a failure, or a rerun: the run storage's latest), install
@@ -104,13 +104,13 @@ def _run_loop(context: Any, install: Callable[[Any], None], user_loop: Callable,
         with checkpoint.as_directory() as directory:
             if context.load_scheduler_state(directory):
                 log.info("rank %d resumes %s", context.rank, resumed_at())
-    install(context)
+    set_context(context)
     try:
         with _one_copy_of_prints():
             return user_loop(config) if _takes_config(user_loop) else user_loop()
     finally:
         context.flush()
-        install(None)
+        set_context(None)
 
 
 @contextlib.contextmanager

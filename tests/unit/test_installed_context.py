@@ -8,7 +8,7 @@ from pdml_ray.config import NodePriorityConfig, PDMLConfig, PipelineConfig
 from pdml_ray.errors import UsageError
 from pdml_ray.train import get_context, get_pipeline_context
 from pdml_ray.train.context import PDMLContext
-from pdml_ray.train.installed_context import set_context, set_pipeline_context
+from pdml_ray.train.installed_context import set_context
 from pdml_ray.train.pipeline import PipelineContext
 
 
@@ -24,7 +24,7 @@ def test_each_loop_gets_the_context_of_its_kind_and_none_outside_a_loop() -> Non
         assert get_context() is data_parallel
         with pytest.raises(UsageError, match=r"get_pipeline_context\(\) is only available.*PipelineConfig"):
             get_pipeline_context()
-        set_pipeline_context(pipeline)
+        set_context(pipeline)
         assert get_pipeline_context() is pipeline
         with pytest.raises(UsageError, match=r"a pipeline run's loop takes pdml_ray.train.get_pipeline_context"):
             get_context()
