@@ -68,17 +68,13 @@ from pdml_ray.errors import ConfigError, PDMLError, SchedulerUnavailableError, S
 from pdml_ray.pipeline.plan import Plan
 from pdml_ray.pipeline.registry import STATIC_SCHEDULES
 from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages
-from pdml_ray.state_format import check_scheduler_decisions, read_state, write_state
+from pdml_ray.state_format import check_scheduler_decisions, write_state
 from pdml_ray.train.pipeline_latency import ActionTimer, LatencyRow, stage_latencies
 from pdml_ray.train.pipeline_layout import PipelineLayout
-from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE
+from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE, open_saved_state
 
 PLAN_TIMEOUT_S = 60.0
 """Longest rank 0 waits for a step's plan before it runs the newest plan it has again."""
-
-_SAVED_KEYS = {"state", "global_step", "stages"}
-"""What a pipeline run's ``save_scheduler_state`` writes (the scheduler's state, the steps trained, the stages)."""
-
 
 class ScheduledStagePlans:
     """Every step's plan from the scheduler's ``pipeline`` axis: rank 0 asks one step ahead, and
@@ -426,14 +422,11 @@ class PipelineContext:
         changes."""
         if self.pipeline is not None:
             raise UsageError("load_scheduler_state restores where a run resumes: call it before ctx.prepare")
-        path = os.path.join(directory, SCHEDULER_STATE_FILE)
-        if not os.path.exists(path):
+        found = open_saved_state(directory, "a pipeline run")
+        if found is None:
             return False
-        saved = read_state(path)  # StateError naming the file if it is not a whole pdml-ray state
+        path, saved = found
         try:
-            if not (isinstance(saved, dict) and set(saved) == _SAVED_KEYS):
-                raise StateError(f"it does not hold the {', '.join(sorted(_SAVED_KEYS))} a pipeline run's "
-                                 "save_scheduler_state writes (a data-parallel run's checkpoint?)")
             step, stages = saved["global_step"], saved["stages"]
             if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
                 raise StateError(f"its global_step must be an integer >= 0, got {step!r:.40}")

@@ -48,6 +48,32 @@ class SavedRunState:
 _SAVED_KEYS = {f.name for f in fields(SavedRunState)}
 
 
+PIPELINE_KEYS = {"state", "global_step", "stages"}
+"""What a pipeline run's state file holds (``train/pipeline.py``): the scheduler's state, the steps
+trained and the number of stages."""
+
+_KINDS = {"a data-parallel run": _SAVED_KEYS, "a pipeline run": PIPELINE_KEYS}
+
+
+def open_saved_state(directory: str, kind: str) -> tuple[str, dict[str, Any]] | None:
+    """The path and contents of the pdml-ray state file in ``directory``, or None if it has none. A file
+    that is not a whole pdml-ray state, or not one ``kind`` writes (``"a data-parallel run"`` or ``"a
+    pipeline run"``), raises StateError naming the file and, where it is the other kind's, that kind.
+    What the keys hold is the caller's to check."""
+    path = os.path.join(directory, SCHEDULER_STATE_FILE)
+    if not os.path.exists(path):
+        return None
+    saved = read_state(path)  # StateError naming the file if it is not a whole pdml-ray state
+    keys = _KINDS[kind]
+    if not (isinstance(saved, dict) and set(saved) == keys):
+        other = next((k for k, v in _KINDS.items() if isinstance(saved, dict) and set(saved) == v), None)
+        raise StateError(f"{path} holds a pdml-ray state this run refuses: it does not hold the "
+                         f"{', '.join(sorted(keys))} {kind}'s save_scheduler_state writes"
+                         + (f" ({other}'s checkpoint?)" if other else "")
+                         + ". Resume from another checkpoint, or with the run's own kind and config")
+    return path, saved
+
+
 def write_saved_run(directory: str, saved: SavedRunState) -> None:
     """Write ``saved`` into the checkpoint directory ``directory`` (``SCHEDULER_STATE_FILE``)."""
     write_state(os.path.join(directory, SCHEDULER_STATE_FILE), {f.name: getattr(saved, f.name) for f in fields(saved)})
@@ -59,14 +85,11 @@ def read_saved_run(directory: str, config: PDMLConfig, world_size: int, *, elast
     A damaged file, or a decision this run could not have made (batch sizes outside min/max or not
     summing to the global batch, weights not their shares, for ``world_size`` workers, or for the
     saved decision's worker count when ``elastic``), raises StateError naming the file."""
-    path = os.path.join(directory, SCHEDULER_STATE_FILE)
-    if not os.path.exists(path):
+    found = open_saved_state(directory, "a data-parallel run")
+    if found is None:
         return None
-    saved = read_state(path)  # StateError naming the file if it is not a whole pdml-ray state
+    path, saved = found
     try:
-        if not (isinstance(saved, dict) and set(saved) == _SAVED_KEYS):
-            raise StateError(f"it does not hold the {', '.join(sorted(_SAVED_KEYS))} save_scheduler_state "
-                             "writes")
         decision, versions, step, position = (saved["decision"], saved["versions"], saved["global_step"],
                                               saved["position"])
         lead, upcoming, horizon = saved["lead_steps"], saved["upcoming"], saved["horizon"]

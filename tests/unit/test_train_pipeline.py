@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from pdml_ray.scheduler import Scheduler
 from pdml_ray.state_format import write_state
 from pdml_ray.train.pipeline import PipelineContext
 from pdml_ray.train.pipeline_latency import stage_latencies
-from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE
+from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE, SavedRunState, read_saved_run
 
 WORKERS, MICROBATCHES, ROWS, LR, STEPS = 4, 2, 8, 0.1, 2
 TOLERANCE = 1e-5
@@ -174,8 +175,15 @@ def test_a_pipeline_state_of_another_shape_or_kind_is_refused_before_anything_ch
     write_state(path, {"state": state, "global_step": 5, "stages": 4})
     with pytest.raises(StateError, match=r"run of 4 stages and this one has 2 \(set pipeline.stages=4\)"):
         ctx.load_scheduler_state(str(tmp_path))
-    write_state(path, {"state": state, "decision": None, "global_step": 5})  # not a pipeline run's
-    with pytest.raises(StateError, match="a data-parallel run's checkpoint"):
+    write_state(path, {f.name: 0 for f in fields(SavedRunState)})  # a data-parallel run's keys
+    with pytest.raises(StateError, match=r"\(a data-parallel run's checkpoint\?\)"):
+        ctx.load_scheduler_state(str(tmp_path))
+    write_state(path, {"state": state, "global_step": 5, "stages": 4})
+    with pytest.raises(StateError, match=r"\(a pipeline run's checkpoint\?\)"):  # and the other way round
+        read_saved_run(str(tmp_path), config, WORKERS, elastic=False)
+    write_state(path, {"state": state, "decision": None, "global_step": 5})  # neither kind's
+    with pytest.raises(StateError, match=r"does not hold the global_step, stages, state a pipeline run's "
+                                         r"save_scheduler_state writes\. Resume"):
         ctx.load_scheduler_state(str(tmp_path))
     assert ctx.start_step == 0
     write_state(path, {"state": state, "global_step": 5, "stages": 2})
