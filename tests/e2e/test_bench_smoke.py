@@ -1,5 +1,7 @@
 """Benchmarks are not tests: each runs once here with --quick as a smoke check of the product path
-(its JSON has the issue's figures and the standard fields). No timing is asserted."""
+(its JSON has the issue's figures and the standard fields). No timing is asserted. The benchmarks that
+join the cluster in RAY_ADDRESS (as a submitted job does) share one local cluster here: each start of a
+private one costs seconds."""
 
 import json
 import os
@@ -27,17 +29,34 @@ FIGURES = {
 EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--global-batch", "256", "--hidden", "256"],
          "sampling": ["--repetitions", "1", "--dataset-size", "5000", "--max-steps", "150", "--lr", "0.003",
                       "--il-steps", "50"],
-         "pipeline": ["--steps", "5", "--ray-steps", "3", "--seeds", "2"],
+         "pipeline": ["--steps", "5", "--ray-steps", "3", "--seeds", "2", "--scenarios", "homogeneous"],
          "scheduler": ["--workers", "16", "--duration", "3", "--report-via", "node"],
          "stragglers": ["--workers", "4", "--steps", "8", "--policies", "sync,gc-fr,pgc-cr", "--per-partition-ms", "20",
                         "--no-death-run"],
          "gradients": ["--workers", "4", "--steps", "6", "--fixed-sweep", "0", "--per-partition-ms", "10"]}
 
+JOINS = {"hetero", "pipeline", "gradients"}
+"""Benchmarks that join the cluster in RAY_ADDRESS (``bench.common.init_ray``); the others start their own."""
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """One local Ray cluster for the module (8 logical CPUs: the pipeline section's 3 x 2 stage actors take
+    one each); the benchmarks in ``JOINS`` join it through RAY_ADDRESS."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
-def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
+def test_benchmark_quick_run_writes_its_figures(name, tmp_path, request):
     out = tmp_path / f"{name}.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # the cluster first: starting it sets this process's RAY_AUTH_MODE, which the benchmark needs to join it
+    joined = {"RAY_ADDRESS": request.getfixturevalue("ray_address")} if name in JOINS else {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **joined}
     run = subprocess.run([sys.executable, "-m", "pdml_ray.cli", "bench", name, "--quick", "--json", str(out), *EXTRA[name]],
                          capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -66,6 +85,10 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path):
                 "osprey_over_1f1b", "osprey_over_lower_bound", "warmup_steps", "memory_violations"} <= set(case)
         assert {"osprey_over_1f1b_weighted", "osprey_over_1f1b_worst", "seeds"} <= set(case)
         assert len(case["seeds"]) == 2 and "1f1b-weighted" in result["schedules"]  # EXTRA's --seeds 2
+        # the scenario section ran, on the one scenario EXTRA names (each scenario's records and targets are unit-tested)
+        scenarios = result["scenarios"]
+        assert scenarios["records"] and {r["scenario"] for r in scenarios["records"]} == {"homogeneous"}, scenarios
+        assert "homogeneous_osprey_over_best_static" in result["targets"]
         assert all({"value", "target", "met", "basis"} <= set(t) for t in result["targets"].values())
         ray_run = result["ray"]
         assert "osprey_over_static" in ray_run, ray_run
