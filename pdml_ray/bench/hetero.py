@@ -86,14 +86,10 @@ def run_arm(args: argparse.Namespace, speeds: list[float], steps: int, node_prio
     """One training run through PDMLTrainer; node priorities on or off (uniform shares)."""
     import ray.train
 
-    from pdml_ray.config import NodePriorityConfig, PDMLConfig
     from pdml_ray.train import PDMLTrainer
     from pdml_ray.train.workloads import classification_loop
 
-    config = PDMLConfig(node_priority=NodePriorityConfig(
-        global_batch_size=args.global_batch, emulated_speeds=speeds, enabled=node_priorities,
-        emulated_per_sample_s=args.per_sample_ms / 1e3 if args.compute == "sleep" else None,
-        min_batch=max(1, args.global_batch // (16 * len(speeds)))), seed=args.seed, scheduler_name=f"{run_name}-{label}")
+    config = arm_config(args, speeds, node_priorities, f"{run_name}-{label}")
     use_gpu = args.device == "cuda"
     trainer = PDMLTrainer(
         classification_loop, train_loop_config=workload(args, steps, label, progress_every, sync),
@@ -102,14 +98,111 @@ def run_arm(args: argparse.Namespace, speeds: list[float], steps: int, node_prio
     return trainer.fit()
 
 
+def arm_config(args: argparse.Namespace, speeds: list[float], node_priorities: bool, scheduler_name: str):
+    """The ``PDMLConfig`` of one arm's run (its scheduler actor named ``scheduler_name``)."""
+    from pdml_ray.config import NodePriorityConfig, PDMLConfig
+
+    return PDMLConfig(node_priority=NodePriorityConfig(
+        global_batch_size=args.global_batch, emulated_speeds=speeds, enabled=node_priorities,
+        emulated_per_sample_s=args.per_sample_ms / 1e3 if args.compute == "sleep" else None,
+        min_batch=max(1, args.global_batch // (16 * len(speeds)))), seed=args.seed, scheduler_name=scheduler_name)
+
+
+class IdleActorFloor:
+    """Ray's idle floor in the scheduler actor's CPU, measured beside a run over the same window: a
+    second scheduler actor of the same config that gets no calls, and its process CPU (the figure the
+    run's actor reports, ``SchedulerStats.process_cpu_s``) per second of wall time between ``__enter__``
+    and ``__exit__``. It holds Ray's threads (core worker, gRPC, metrics) and the actor's idle timers:
+    what ``bench scheduler`` reports as "Ray: idle actor CPU" from a fresh actor left alone, here under
+    the same load as the run. ``cpu_per_s`` is NaN until the window is closed."""
+
+    def __init__(self, config: Any, workers: int) -> None:
+        self.config, self.workers, self.cpu_per_s = config, workers, float("nan")
+
+    def _cpu(self) -> float:
+        import ray
+
+        return float(ray.get(self.handle.stats.remote()).process_cpu_s)
+
+    def __enter__(self) -> "IdleActorFloor":
+        import time
+
+        from pdml_ray.actors.scheduler import create_scheduler
+
+        self.handle = create_scheduler(self.config, self.workers)
+        self._c0, self._t0 = self._cpu(), time.monotonic()  # waits for the actor to be up
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import time
+
+        from pdml_ray.actors.scheduler import end_scheduler
+
+        cpu, t = self._cpu(), time.monotonic()
+        self.cpu_per_s = (cpu - self._c0) / (t - self._t0)
+        end_scheduler(self.handle)
+
+
+class RelayWatch:
+    """The node report relays' process CPU during a run (``PDMLConfig.report_via="node"``, the default):
+    each relay is an actor of its own, in series with the step on one machine as the scheduler is, and
+    it ends with the worker group, so a driver thread reads its ``stats()`` every ``period_s`` while the
+    run goes on (one call a second: its cost is in the figure). ``cpu_per_s``: the relays' CPU seconds
+    per second between their first and last reading, summed over relays; ``relays``: how many were seen."""
+
+    def __init__(self, scheduler_name: str, namespace: str, period_s: float = 1.0) -> None:
+        import threading
+
+        self.prefix, self.namespace, self.period_s = f"{scheduler_name}-relay-", namespace, period_s
+        self.marks: dict[str, list[tuple[float, float]]] = {}  # relay name -> (monotonic s, its CPU s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pdml-bench-relay-watch", daemon=True)
+
+    def _loop(self) -> None:
+        import time
+
+        import ray
+        from ray.exceptions import RayError
+
+        while not self._stop.wait(self.period_s):
+            names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                     if a["namespace"] == self.namespace and a["name"].startswith(self.prefix)]
+            for name in names:
+                try:
+                    stats: Any = ray.get(ray.get_actor(name, namespace=self.namespace).stats.remote(), timeout=5)
+                    cpu = stats["cpu_s"]
+                except (RayError, ValueError):  # gone with the worker group
+                    continue
+                self.marks.setdefault(name, []).append((time.monotonic(), float(cpu)))
+
+    def __enter__(self) -> "RelayWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def relays(self) -> int:
+        return len(self.marks)
+
+    @property
+    def cpu_per_s(self) -> float:
+        rates = [(m[-1][1] - m[0][1]) / (m[-1][0] - m[0][0]) for m in self.marks.values() if len(m) >= 2]
+        return float(sum(rates)) if rates else float("nan")
+
+
 def _storage() -> str:
     import tempfile
 
     return tempfile.mkdtemp(prefix="pdml-ray-")
 
 
-def summarise(result, skip: int) -> dict[str, Any]:
-    """Per-step figures from the scheduler's telemetry, steady state (steps >= skip) only."""
+def summarise(result, skip: int, idle_cpu_per_s: float = float("nan"), relays: RelayWatch | None = None) -> dict[str, Any]:
+    """Per-step figures from the scheduler's telemetry, steady state (steps >= skip) only;
+    ``idle_cpu_per_s``: Ray's idle floor in one actor's CPU (``IdleActorFloor``), ``relays`` the node
+    report relays' CPU (``RelayWatch``), both per step in the result."""
     t, stats = result.pdml.telemetry, result.pdml.stats
     steps = t["step"].astype(int)
     keep = steps >= skip
@@ -129,7 +222,9 @@ def summarise(result, skip: int) -> dict[str, Any]:
     return {"step_s": step_s, "rates": rates, "loss": loss, "extras_s": float(np.median(extras)),
             "shares": (samples / samples.sum()).tolist(),
             "overhead_fraction": float(t["overhead_s"][keep].sum() / t["step_s"][keep].sum()),
-            "scheduler_cpu_s_per_step": cpu_per_step,
+            "scheduler_cpu_s_per_step": cpu_per_step, "ray_idle_cpu_s_per_step": idle_cpu_per_s * step_s,
+            "relay_cpu_s_per_step": relays.cpu_per_s * step_s if relays is not None and relays.relays else 0.0,
+            "relays": relays.relays if relays is not None else 0,
             "comm_s": stats.measurements.get("comm_s", float("nan")) if stats else float("nan"),
             "batch_sizes": list(stats.derivers["node"].batch_sizes) if stats else None}
 
@@ -157,7 +252,14 @@ def figures(uniform: dict, pdml: dict, global_batch: int, speeds: list[float] | 
 
     ``scheduler_overhead_fraction`` is everything pdml-ray costs a step: the workers' bookkeeping, the
     boundary broadcast (with its wait for the last rank) and the scheduler actor's own CPU time per
-    step, over the node-priority run's step time.
+    step, plus the node report relays' CPU per step (``relay_cpu_fraction``), over the node-priority
+    run's step time: the actors in series with the step, as on one machine where they take their CPU
+    from the workers. ``ray_idle_floor_fraction`` is the part of the actors' CPU that idle actors cost
+    as well (``IdleActorFloor``, once per actor: the scheduler and each relay; Ray's threads and
+    timers; NaN if not measured), ``pdml_added_overhead_fraction`` the overhead without it (what
+    pdml-ray adds), and ``overhead_fraction_actor_on_head_node`` the workers' and relays' part: where
+    the scheduler actor runs on the head node, apart from the workers' accelerators, its CPU is not in
+    series with the step (a relay runs on the workers' node).
     """
     rates = np.array(uniform["rates"])
     rates_pdml = np.array(pdml["rates"])
@@ -168,6 +270,9 @@ def figures(uniform: dict, pdml: dict, global_batch: int, speeds: list[float] | 
     shortest_step_s = global_batch / best_rates.sum() + least_extras_s
     uniform_pred = max((global_batch / n) / r for r in rates) + extras_s
     scheduler_cpu = pdml["scheduler_cpu_s_per_step"] / pdml["step_s"]
+    relay_cpu = pdml.get("relay_cpu_s_per_step", 0.0) / pdml["step_s"]
+    floor = pdml.get("ray_idle_cpu_s_per_step", float("nan")) * (1 + pdml.get("relays", 0)) / pdml["step_s"]
+    overhead = pdml["overhead_fraction"] + relay_cpu + (0.0 if np.isnan(scheduler_cpu) else scheduler_cpu)
     out = {"rates": rates.tolist(), "rates_pdml": rates_pdml.tolist(), "best_rates": best_rates.tolist(),
            "comm_s": comm_s, "extras_s": extras_s, "extras_s_pdml": pdml["extras_s"],
            "shortest_step_s": shortest_step_s,
@@ -180,7 +285,9 @@ def figures(uniform: dict, pdml: dict, global_batch: int, speeds: list[float] | 
            "step_s_uniform": uniform["step_s"], "step_s_pdml": pdml["step_s"],
            "loss_uniform": uniform["loss"], "loss_pdml": pdml["loss"],
            "worker_overhead_fraction": pdml["overhead_fraction"], "scheduler_cpu_fraction": scheduler_cpu,
-           "scheduler_overhead_fraction": pdml["overhead_fraction"] + (0.0 if np.isnan(scheduler_cpu) else scheduler_cpu),
+           "scheduler_overhead_fraction": overhead, "ray_idle_floor_fraction": floor,
+           "pdml_added_overhead_fraction": overhead - (0.0 if np.isnan(floor) else floor),
+           "relay_cpu_fraction": relay_cpu, "overhead_fraction_actor_on_head_node": pdml["overhead_fraction"] + relay_cpu,
            "batch_sizes": pdml["batch_sizes"]}
     if speeds is not None and pdml["batch_sizes"]:
         s = np.asarray(speeds)
@@ -195,6 +302,25 @@ def share_gap(shares: list[float], reference: list[float]) -> float:
     return float(np.max(np.abs(np.asarray(shares) / np.asarray(reference) - 1.0)))
 
 
+OVERHEAD_TARGET = 0.01
+"""pdml-ray's overhead (workers plus the actor's CPU, in series) per step, as a fraction of the step."""
+ADDED_OVERHEAD_TARGET = 0.005
+"""Where Ray's idle floor in the actor alone is >= ``OVERHEAD_TARGET``: what pdml-ray adds above it."""
+
+
+def overhead_target(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The overhead target: the total under 1%, or, where Ray's idle floor measured in the same run is
+    already at 1% or more (a floor pdml-ray cannot cut), what pdml-ray adds under 0.5%, the floor shown."""
+    floor = result.get("ray_idle_floor_fraction", float("nan"))
+    if not floor >= OVERHEAD_TARGET:  # below, or not measured (NaN)
+        return {f"scheduler_overhead_fraction < {OVERHEAD_TARGET}": {
+            "value": result["scheduler_overhead_fraction"], "target": OVERHEAD_TARGET, "below": True,
+            "ray_idle_floor_fraction": floor}}
+    return {f"pdml_added_overhead_fraction < {ADDED_OVERHEAD_TARGET} (Ray's idle floor >= {OVERHEAD_TARGET})": {
+        "value": result["pdml_added_overhead_fraction"], "target": ADDED_OVERHEAD_TARGET, "below": True,
+        "ray_idle_floor_fraction": floor, "scheduler_overhead_fraction": result["scheduler_overhead_fraction"]}}
+
+
 def targets(result: dict[str, Any], compute: str) -> dict[str, dict[str, Any]]:
     """The benchmark's targets: stricter in the sleep compute mode, where contention barely moves the
     rates and the bound is tight; with real compute the best rates of the two runs cannot all occur
@@ -205,8 +331,7 @@ def targets(result: dict[str, Any], compute: str) -> dict[str, dict[str, Any]]:
         f"speedup_vs_uniform >= {need} x ideal_speedup": {
             "value": result["speedup_vs_uniform"] / result["ideal_speedup"], "target": need},
         f"efficiency >= {0.95 if strict else 0.8}": {"value": result["efficiency"], "target": 0.95 if strict else 0.8},
-        "scheduler_overhead_fraction < 0.02": {"value": result["scheduler_overhead_fraction"], "target": 0.02,
-                                               "below": True},
+        **overhead_target(result),
         "final losses within 5%": {"value": abs(result["loss_pdml"] - result["loss_uniform"]) / abs(result["loss_uniform"]),
                                    "target": 0.05, "below": True},
     }
@@ -247,7 +372,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"repeat {rep + 1}/{repeats}: uniform shares ...", flush=True)
             uniform = summarise(run_arm(args, speeds, steps, False, "uniform"), skip)
             print(f"repeat {rep + 1}/{repeats}: node priorities ...", flush=True)
-            pdml = summarise(run_arm(args, speeds, steps, True, "pdml"), skip)
+            # Ray's idle floor over the same window, from an idle actor of the same config beside the run's
+            config = arm_config(args, speeds, True, "pdml-bench-pdml")
+            with IdleActorFloor(arm_config(args, speeds, True, "pdml-bench-idle-floor"), len(speeds)) as floor, \
+                    RelayWatch(config.scheduler_name, config.namespace) as relays:
+                pdml_run = run_arm(args, speeds, steps, True, "pdml")
+            pdml = summarise(pdml_run, skip, floor.cpu_per_s, relays)
             per_repeat.append(figures(uniform, pdml, args.global_batch, sleep_speeds))
             per_repeat[-1]["shares"] = pdml["shares"]
             print(f"  step uniform {uniform['step_s'] * 1e3:.1f} ms, node priorities {pdml['step_s'] * 1e3:.1f} ms, "
@@ -266,7 +396,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     keys = ["ideal_speedup", "speedup_predicted_uniform_rates", "shortest_step_s", "extras_s_pdml",
             "ideal_speedup_no_comm", "speedup_vs_uniform", "efficiency", "efficiency_pdml_rates",
             "comm_s", "extras_s", "loss_uniform", "loss_pdml", "scheduler_overhead_fraction", "worker_overhead_fraction",
-            "scheduler_cpu_fraction", "step_s_uniform", "step_s_pdml"]
+            "scheduler_cpu_fraction", "relay_cpu_fraction", "ray_idle_floor_fraction", "pdml_added_overhead_fraction",
+            "overhead_fraction_actor_on_head_node", "step_s_uniform", "step_s_pdml"]
     if sleep_speeds is not None:
         keys += ["ideal_speedup_emulated", "share_error_vs_speeds"]
     if args.sync == "fsdp":
@@ -304,9 +435,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                      f"{np.round(result['shares_ddp'], 3).tolist()}"],
                  ["largest share gap FSDP2 vs DDP", result["fsdp_share_gap_vs_ddp"]]]
     rows += [["final loss uniform / pdml", f"{result['loss_uniform']:.4f} / {result['loss_pdml']:.4f}"],
-             ["scheduler overhead (workers + scheduler CPU)",
+             ["scheduler overhead (workers + scheduler CPU + relay CPU)",
               f"{result['scheduler_overhead_fraction']:.4f} ({result['worker_overhead_fraction']:.4f} + "
-              f"{result['scheduler_cpu_fraction']:.4f})"]]
+              f"{result['scheduler_cpu_fraction']:.4f} + {result['relay_cpu_fraction']:.4f})"],
+             ["of the actors' CPU: Ray's idle floor (idle actor, same window)", result["ray_idle_floor_fraction"]],
+             ["what pdml-ray adds (overhead less the floor)", result["pdml_added_overhead_fraction"]],
+             ["overhead, the actor on the head node (workers alone)", result["overhead_fraction_actor_on_head_node"]]]
     print_table(["figure", "value"], rows,
                 title=f"bench hetero (medians of {repeats} repeat(s); compute {args.compute}; speeds EMULATED)")
     for name, t in result["targets"].items():
