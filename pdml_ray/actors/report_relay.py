@@ -67,6 +67,7 @@ class NodeReportRelay:
 
     def _tick_loop(self) -> None:
         while True:
+            self.gather.wait_for_work()  # asleep between flushes: no round open, nothing held back
             time.sleep(TICK_S)
             self.gather.tick()
 

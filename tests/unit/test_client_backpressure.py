@@ -202,3 +202,25 @@ def test_a_node_behind_the_scheduler_coalesces_rounds_and_its_timer_sends_them_o
     transport.finish(1)
     gather.tick()  # no new round: the timer sends what was held back
     assert [len(c[1][0]) for c in transport.calls] == [10, 30] and gather.client.reports_dropped == 0
+
+
+def test_a_nodes_timer_has_work_only_while_a_round_is_open_or_reports_are_held_back():
+    from pdml_ray.client import ReportGather
+
+    transport = SlowTransport()
+    gather = ReportGather(SchedulerClient(transport), members=2, wait_s=60.0)
+    assert not gather.wait_for_work(0.0)  # nothing yet: the relay's timer sleeps
+    gather.add(_rows(0, 0))
+    assert gather.wait_for_work(0.0)  # a round is open
+    gather.tick()
+    assert gather.wait_for_work(0.0)  # still open (not wait_s old): tick again later
+    gather.add(_rows(1, 0))  # the round goes
+    gather.tick()
+    assert not gather.wait_for_work(0.0)  # sent, nothing held back
+    gather.add(_rows(0, 1))
+    gather.add(_rows(1, 1))  # the first call is still pending: this round is held back
+    gather.tick()
+    assert gather.client.reports_held == 10 and gather.wait_for_work(0.0)  # ticks until a slot frees
+    transport.finish(1)
+    gather.tick()
+    assert gather.client.reports_held == 0 and not gather.wait_for_work(0.0)
