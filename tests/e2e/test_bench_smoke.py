@@ -35,7 +35,7 @@ EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--g
                         "--no-death-run"],
          "gradients": ["--workers", "4", "--steps", "6", "--fixed-sweep", "0", "--per-partition-ms", "10"]}
 
-JOINS = {"hetero", "pipeline", "gradients"}
+JOINS = {"hetero", "pipeline", "gradients"}  # and p3, below
 """Benchmarks that join the cluster in RAY_ADDRESS (``bench.common.init_ray``); the others start their own."""
 
 
@@ -99,3 +99,31 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path, request):
         assert {"torch-1f1b", "torch-gpipe"} == set(torch_runtime["pairs"]), torch_runtime
         assert all(p["grad_max_abs_diff"] <= 1e-5 for p in torch_runtime["pairs"].values())
         assert {"torch_runtime_step_over_torch_class", "torch_runtime_planning_over_step"} <= set(result["targets"])
+
+
+P3_ROW = {"runtime", "settings", "compute_ms", "comm_over_compute", "iteration_s", "p3_over_fifo", "p3_over_layer_fifo",
+          "p3_over_bucketed", "bound_s", "emulated"}
+
+
+def test_bench_p3_quick_writes_rows_for_both_runtimes(tmp_path, ray_address):
+    """``bench p3``: both runtimes (the parameter server on Ray actors, the all-reduce runtime in Ray Train), one
+    row per runtime and comm/compute ratio with the issue's figures."""
+    out = tmp_path / "p3.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_address}
+    # one row per runtime (the library's slicing, 150 ms of emulated compute, comm = compute, 2 measured steps): the smoke
+    # check of the product path; every setting of the grid is the benchmark's own business
+    run = subprocess.run([sys.executable, "-m", "pdml_ray.cli", "bench", "p3", "--quick", "--ratios", "1", "--settings",
+                          "library", "--compute-ms", "150", "--steps", "2", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert STANDARD | {"runs", "targets", "simulation", "model"} <= set(result), sorted(result)
+    assert result["machine"]["cores"] >= 1 and "EMULATED" in result["emulated"]["bandwidth"]
+    rows = {(r["runtime"], r["settings"], r["compute_ms"], r["comm_over_compute"]): r for r in result["runs"]}
+    assert set(rows) == {(rt, "library", 150.0, 1.0) for rt in ("parameter-server", "all-reduce")}
+    for row in rows.values():
+        assert P3_ROW <= set(row) and set(row["iteration_s"]) == {"p3", "fifo", "layer-fifo", "bucketed"}
+        assert "EMULATED" in row["emulated"]
+    assert {"ps_p3_over_fifo_at_comm_eq_compute", "ps_p3_over_best_baseline_worst",
+            "allreduce_p3_over_best_baseline_worst"} <= set(result["targets"])
+    assert all({"value", "target", "met"} <= set(t) for t in result["targets"].values())
