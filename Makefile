@@ -4,7 +4,10 @@
 #                 two processes (unit tests are pure CPU work, one core each; end-to-end tests are
 #                 separate programs, each on a private Ray instance, waiting on process starts much of
 #                 the time), then the GPU and Ray tiers in one (the Ray tier's tests share one cluster
-#                 per module and some read timings: nothing else runs beside them)
+#                 per module and some read timings: nothing else runs beside them). Files are handed
+#                 out in the order given, the long end-to-end ones first and the many short unit files
+#                 last, so both processes finish together (xdist's default order, by test count, left
+#                 the longest one-test files, the demo and the local cluster, to the end)
 # Both create (or reuse) the virtual environment in $(VENV).
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,7 +33,8 @@ demo: venv
 test: venv
 	$(PY) -m mypy
 	-sh scripts/install_test_tools.sh
-	$(PY) -m pytest -q -rs --durations=15 -p no:cacheprovider -n 2 --dist loadfile tests/unit tests/e2e
+	$(PY) -m pytest -q -rs --durations=15 -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder \
+		tests/e2e tests/unit
 	$(PY) -m pytest -q -rs --durations=25 -p no:cacheprovider tests/gpu tests/ray
 
 unit: venv
