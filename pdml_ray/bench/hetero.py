@@ -440,7 +440,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{result['scheduler_cpu_fraction']:.4f} + {result['relay_cpu_fraction']:.4f})"],
              ["of the actors' CPU: Ray's idle floor (idle actor, same window)", result["ray_idle_floor_fraction"]],
              ["what pdml-ray adds (overhead less the floor)", result["pdml_added_overhead_fraction"]],
-             ["overhead, the actor on the head node (workers alone)", result["overhead_fraction_actor_on_head_node"]]]
+             ["overhead, the scheduler on the head node (workers + relay)", result["overhead_fraction_actor_on_head_node"]]]
     print_table(["figure", "value"], rows,
                 title=f"bench hetero (medians of {repeats} repeat(s); compute {args.compute}; speeds EMULATED)")
     for name, t in result["targets"].items():
