@@ -198,7 +198,7 @@ def _targets(pol: dict[str, dict[str, Any]], ratios: dict[str, float | None],
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from pdml_ray.bench.common import finish, print_table
+    from pdml_ray.bench.common import finish, init_ray, print_table
     from pdml_ray.errors import UsageError
     from pdml_ray.errors import ConfigError
     from pdml_ray.runtime.stragglers import WorkerPool
@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"target loss {target_loss:.4f} (L* {best_loss:.4f}, L0 {initial_loss:.4f})", flush=True)
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=max(4, (n + b) // 2 + 1), include_dashboard=False, log_to_driver=False)
+        init_ray(max(4, (n + b) // 2 + 1))
     pool = WorkerPool(num_cpus_per_worker=0.25)
     t0 = time.perf_counter()
     try:

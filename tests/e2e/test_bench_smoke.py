@@ -35,7 +35,7 @@ EXTRA = {"hetero": ["--steps", "24", "--workers", "2", "--speeds", "1,0.4", "--g
                         "--no-death-run"],
          "gradients": ["--workers", "4", "--steps", "6", "--fixed-sweep", "0", "--per-partition-ms", "10"]}
 
-JOINS = {"hetero", "pipeline", "gradients"}  # and p3, below
+JOINS = {"hetero", "pipeline", "gradients", "stragglers"}  # and p3, below
 """Benchmarks that join the cluster in RAY_ADDRESS (``bench.common.init_ray``); the others start their own."""
 
 
