@@ -377,7 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _one_size(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from pdml_ray.bench.common import print_table
+    from pdml_ray.bench.common import init_ray, print_table
 
     duration = args.duration or (15.0 if args.quick else 60.0)
     saturate_s = 8.0 if args.quick else 20.0
@@ -388,8 +388,7 @@ def _one_size(args: argparse.Namespace) -> dict[str, Any]:
           f"reports via {' and '.join(modes)} ({args.per_node} workers per simulated node); {SIMULATED_NOTE}", flush=True)
     started_here = not ray.is_initialized()
     if started_here:
-        # address="local": a cluster of its own, even where another is running on this machine
-        ray.init(address="local", num_cpus=max(2, args.generators + 1), include_dashboard=False, log_to_driver=False)
+        init_ray(max(2, args.generators + 1))  # a submitted job's cluster, else a private local one
     # the prober's process (this one) holds Ray and the bench: a full collection of it paused a round trip
     # by up to ~100 ms, which is this process's, not the scheduler's (the actor freezes its own likewise)
     gc.freeze()
