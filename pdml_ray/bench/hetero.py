@@ -153,7 +153,9 @@ class RelayWatch:
     def __init__(self, scheduler_name: str, namespace: str, period_s: float = 1.0) -> None:
         import threading
 
-        self.prefix, self.namespace, self.period_s = f"{scheduler_name}-relay-", namespace, period_s
+        from pdml_ray.actors.report_relay import relay_name
+
+        self.prefix, self.namespace, self.period_s = relay_name(scheduler_name, ""), namespace, period_s
         self.marks: dict[str, list[tuple[float, float]]] = {}  # relay name -> (monotonic s, its CPU s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pdml-bench-relay-watch", daemon=True)

@@ -39,16 +39,9 @@ JOINS = {"hetero", "pipeline", "gradients", "stragglers"}  # and p3, below
 """Benchmarks that join the cluster in RAY_ADDRESS (``bench.common.init_ray``); the others start their own."""
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    """One local Ray cluster for the module (8 logical CPUs: the pipeline section's 3 x 2 stage actors take
-    one each); the benchmarks in ``JOINS`` join it through RAY_ADDRESS."""
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+RAY_CPUS = 8
+"""Logical CPUs of the module's cluster (``ray_address`` in conftest.py): the pipeline section's 3 x 2
+stage actors take one each."""
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))

@@ -40,17 +40,6 @@ def guide_text(name: str) -> str:
     return (GUIDES_DIR / f"{name}.md").read_text()
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    """One local Ray cluster (4 logical CPUs) for the module; snippets join it through RAY_ADDRESS."""
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
 def test_every_guide_is_listed():
     assert sorted(p.stem for p in GUIDES_DIR.glob("*.md")) == sorted(GUIDES)
 
