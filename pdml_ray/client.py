@@ -203,15 +203,17 @@ class SchedulerClient:
 
     def report(self, reports: list[WorkerReport], flush: bool = False) -> None:
         """Fire-and-forget, bounded: a dead scheduler loses these reports (counted), never the training
-        step. ``flush`` (the end of training, a checkpoint) first waits up to 30 s for the calls in
-        flight, so nothing held back is left behind, then asks the transport to deliver what it gathers
-        (a node relay's round)."""
+        step. ``flush`` (the end of training, a checkpoint) waits up to 30 s for every report call,
+        this one's included, so nothing is left behind when the worker ends, then asks the transport to
+        deliver what it gathers (a node relay's round)."""
         self.report_rows(PackedReports.pack(reports).rows, flush)
+        if not flush:
+            return
+        # the report calls must be in before a relay's flush, too: a threaded actor may run a caller's calls
+        # out of order, and a flush that overtook the last report would leave it behind
+        self.drain(30.0)
         deliver = getattr(self.transport, "flush", None)  # optional: a transport straight to the scheduler has none
-        if flush and deliver is not None:
-            # the report calls must be in before the flush: a threaded actor (the node's relay) may run a
-            # caller's calls out of order, and a flush that overtook the last report would leave it behind
-            self.drain(30.0)
+        if deliver is not None:
             try:
                 deliver(30.0)
             except SchedulerUnavailableError as e:

@@ -16,6 +16,7 @@ rose from 22,900 to 37,400 reports/s (one run each; docs/observability.md). Henc
 
 The relay is named after the run's scheduler and its node, created by the node's first worker (its
 owner: it ends with the worker group) and pinned to that node; ``num_cpus=0``, as the scheduler.
+A node with one worker has no relay: its worker's call is already the node's one call.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ class RelaySchedulerTransport(RaySchedulerTransport):
 
 def worker_transport(scheduler_name: str, namespace: str, report_via: str, members: int) -> RaySchedulerTransport:
     """A Ray Train worker's transport to its run's scheduler: reports through the node's relay
-    (``report_via="node"``) or straight to the scheduler (``"worker"``)."""
-    if report_via == "node":
+    (``report_via="node"``) or straight to the scheduler (``"worker"``). A node with one worker
+    (``members`` 1) reports straight in node mode too: its one call per flush is already the node's one
+    call, and a relay would only add a hop and an idle actor."""
+    if report_via == "node" and members > 1:
         return RelaySchedulerTransport(scheduler_name, namespace, members)
     return RaySchedulerTransport(scheduler_name, namespace)

@@ -66,8 +66,9 @@ class PDMLConfig:
     report_via: str = "node"
     """How a Ray Train worker's reports reach the scheduler: ``"node"`` (the default), through a relay
     actor on its node that sends the node's workers' reports of each flush as one call
-    (``pdml_ray.actors.report_relay``: the scheduler's calls fall by the workers per node); ``"worker"``,
-    one call per worker straight to the scheduler."""
+    (``pdml_ray.actors.report_relay``: the scheduler's calls fall by the workers per node; a node with
+    one worker reports straight, without a relay); ``"worker"``, one call per worker straight to the
+    scheduler."""
     scheduler_name: str | None = None
     """Name of the run's scheduler actor (``pdml-ray status --name``). None: ``PDMLTrainer.fit()`` names
     it after the run (``RunConfig.name``) or, without one, a fresh unique name, so concurrent runs on

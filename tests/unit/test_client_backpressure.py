@@ -74,6 +74,17 @@ def test_a_flush_waits_for_the_calls_in_flight_and_sends_everything_held():
     assert sent == 40 and not client._held and client.reports_dropped == 0
 
 
+def test_a_flush_straight_to_the_scheduler_returns_only_once_its_own_call_is_in():
+    # a worker that ends right after its final flush must not leave that call behind (the scheduler is a
+    # threaded actor: a later call of the same caller, stats or a checkpoint's, may otherwise overtake it)
+    transport = SlowTransport()
+    client = SchedulerClient(transport)
+    client.report(_reports(0))
+    client.report(_reports(1), flush=True)
+    assert [c[2] for c in transport.calls if c[0] == "report"] == [True, True]
+    assert not client._report_calls
+
+
 class RelayLikeTransport(SlowTransport):
     """A transport with a ``flush`` (a node relay): it records which report calls were done when it ran."""
 
