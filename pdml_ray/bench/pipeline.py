@@ -361,7 +361,10 @@ def run_scenario_section(args: argparse.Namespace, seeds: list[int], steps: int)
         print(line)
     targets = scenario_targets(records)
     for name, t in targets.items():
-        print(f"target {name}: {'met' if t['met'] else 'NOT met'} ({t['basis']}: {t['value']:.4g}, target {t['target']})")
+        bound = "" if "lower_bound_value" not in t else (
+            f"; the lower bound's same figure {t['lower_bound_value']:.4g}: "
+            + ("attainable" if t["attainable"] else "no schedule can meet it"))
+        print(f"target {name}: {'met' if t['met'] else 'NOT met'} ({t['basis']}: {t['value']:.4g}, target {t['target']}{bound})")
     return {"records": records, "summary": summarize(records), "targets": targets}
 
 

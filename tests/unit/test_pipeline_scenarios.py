@@ -105,3 +105,10 @@ def test_scenario_records_and_targets() -> None:
     assert not targets["homogeneous_osprey_over_best_static"]["met"]  # 1.02 > 1.01
     assert targets["memory_cap_osprey_violations"]["value"] == 3.0 and not targets["memory_cap_osprey_violations"]["met"]
     assert "uneven_osprey_over_best_static_median" not in targets  # no uneven cells were run
+    # the bound: lower_bound_any_s 0.5 over the best static 1.0 in every cell; a cell at its bound is no target's
+    assert targets["drift_osprey_over_best_static_median"]["lower_bound_value"] == pytest.approx(0.5)
+    assert targets["drift_osprey_over_best_static_worst_cell"]["attainable"]
+    tight = {n: 1.0 for n in ("osprey", "1f1b", "torch-zb")}
+    at_bound = cell_record("drift", (4, 1, 16), [{**_run(s, 1.0, 1.0), "lower_bound_s": tight} for s in range(3)])
+    capped = check_targets(drift + [at_bound])["drift_osprey_over_best_static_worst_cell"]
+    assert capped["lower_bound_value"] == pytest.approx(1.0) and not capped["attainable"] and not capped["met"]
