@@ -285,6 +285,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{'met' if t['met_every_seed'] else 'not met'} on every seed)")
     scenarios = run_scenario_section(args, seeds, steps)
     targets.update(scenarios["targets"])
+    # before the Ray section: its paired step times are the run's most load-sensitive figure, and a local
+    # Ray instance's processes keep loading the cores for a while after it stops
+    from pdml_ray.bench.pipeline_torch import torch_runtime_line
+
+    torch_runtime = run_torch_runtime(args)
+    print(torch_runtime_line(torch_runtime))
+    for name, t in torch_runtime["targets"].items():
+        print(f"target {name}: {'met' if t['met'] else 'NOT met'} ({t['basis']}: {t['value']:.4g}, target {t['target']})")
+    targets.update(torch_runtime["targets"])
     with _ray_session(args):
         ray_section = run_ray(args)
         print(_ray_line(ray_section))
@@ -297,13 +306,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"ms planning in-process ({planning['actor_blocked_over_in_process']:.2f}x, target <= "
               f"{planning['target']['target']}); planning ahead costs osprey "
               f"{planning['plan_ahead_makespan_over_fresh']:.3f}x in simulated makespan")
-    from pdml_ray.bench.pipeline_torch import torch_runtime_line
-
-    torch_runtime = run_torch_runtime(args)
-    print(torch_runtime_line(torch_runtime))
-    for name, t in torch_runtime["targets"].items():
-        print(f"target {name}: {'met' if t['met'] else 'NOT met'} ({t['basis']}: {t['value']:.4g}, target {t['target']})")
-    targets.update(torch_runtime["targets"])
     from pdml_ray.pipeline.torch_orders import ADJUSTMENTS, SUPPORTED_TORCH
 
     result = {"grid": grid, "schedules": list(SCHEDULES), "baselines": list(BASELINES), "steps": steps,
