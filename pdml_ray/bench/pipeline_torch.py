@@ -4,8 +4,9 @@ runtime (``pdml_ray.pipeline.torch_exec``) against torch's own schedule class ru
 Two gloo ranks on this machine, each with its share of the cores, train a real MLP (two stages, one
 per rank, real forward and backward, real point-to-point transfers; nothing emulated). Per pair, a
 registry plan (``torch-1f1b``: the order ``Schedule1F1B`` generates, read by ``torch_orders``) runs on
-``TorchPlanRuntime`` (torch's generic ``_PipelineScheduleRuntime`` lowering the plan) and torch's own
-class (``Schedule1F1B``, with its hand-written loop and fused transfers) runs the same order; both from
+``TorchPlanRuntime`` (torch's generic ``_PipelineScheduleRuntime`` lowering the plan, the project's loop
+running the lowered order) and torch's own class (``Schedule1F1B``, with its hand-written loop) runs the
+same order; the same plan on torch's own generic loop (``TORCH_LOOP``) is measured beside them; all from
 the same weights on the same batch, interleaved round by round (which side goes first alternates), each
 step timed between two barriers, so a step is the slower rank's. Figures: per pair the median over
 ``REPEATS`` runs (fresh processes each) of each run's median over rounds of the paired ratio (plan on
@@ -31,6 +32,10 @@ PAIRS = {"torch-1f1b": "Schedule1F1B", "torch-gpipe": "ScheduleGPipe"}
 """Registry plan -> torch's class that runs the same order."""
 CONTROL = "Schedule1F1B (control)"
 """A second ``Schedule1F1B`` paired with the first: how far apart identical code measures on this machine."""
+TORCH_LOOP = "torch-1f1b on torch's loop"
+"""The torch-1f1b plan on ``TorchPlanRuntime(action_ranges=True)``: torch's own ``_PipelineScheduleRuntime``
+loop (a profiler range and a dispatch per action), paired with ``Schedule1F1B`` too: what the project's
+order loop saves."""
 TARGETS = {"torch_runtime_step_over_torch_class": 1.03, "torch_runtime_planning_over_step": 0.01}
 MICROBATCHES = 4
 RANKS = 2
@@ -101,6 +106,11 @@ def _rank(rank: int, world_size: int, rounds: int, width: int, layers: int, batc
             model = copy.deepcopy(base)
             cls = getattr(torch_schedules, PAIRS[name])
             arms[PAIRS[name]] = (model, cls(pipeline_stages(model, plan, rank, cpu)[0], MICROBATCHES, loss_fn=loss_fn))
+    # torch's own loop over the same lowered order, beside the project's
+    model = copy.deepcopy(base)
+    arms[TORCH_LOOP] = (model, TorchPlanRuntime(pipeline_stages(model, sources["torch-1f1b"].plan(0), rank, cpu),
+                                                MICROBATCHES, loss_fn=loss_fn, action_ranges=True))
+    arms[TORCH_LOOP][1].load(sources["torch-1f1b"].plan(0))
     # The control: a second Schedule1F1B, the same code on its own copy; its ratio is the noise floor.
     model = copy.deepcopy(base)
     arms[CONTROL] = (model, torch_schedules.Schedule1F1B(pipeline_stages(model, sources["torch-1f1b"].plan(0), rank,
@@ -164,7 +174,7 @@ def measure_torch_runtime(*, quick: bool, seed: int = 0, repeats: int = REPEATS)
     ``rounds`` interleaved rounds each."""
     from pdml_ray.pipeline.torch_exec import run_local_ranks
 
-    rounds, width, layers, batch = (11, 384, 4, 128) if quick else (41, 512, 4, 256)
+    rounds, width, layers, batch = (31, 384, 4, 128) if quick else (41, 512, 4, 256)
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
     runs = [_run_figures(run_local_ranks(_rank, RANKS, rounds, width, layers, batch, seed + i, timeout_s=300.0))
             for i in range(repeats)]
@@ -199,6 +209,7 @@ def _run_figures(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         p["blocked_over_step"] = p["median_blocked_s"] / p["median_step_s"]
         p["plan_over_step"] = p["median_plan_s"] / p["median_step_s"]
     return {"pairs": pairs, "control": {"torch_class": "Schedule1F1B", **paired_ratio_stats(steps["Schedule1F1B"], steps[CONTROL])},
+            "torch_loop": {"torch_class": "Schedule1F1B", **paired_ratio_stats(steps["Schedule1F1B"], steps[TORCH_LOOP])},
             "planning": planning, "load_changed_plan_s": max(r["load_changed_plan_s"] for r in per_rank),
             "threads_per_rank": per_rank[0]["threads"], "osprey_chosen": per_rank[0]["osprey_schedule_chosen"]}
 
@@ -224,6 +235,7 @@ def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     pairs = {name: paired(lambda r, n=name: r["pairs"][n]) for name in runs[0]["pairs"]}
     control = paired(lambda r: r["control"])
+    torch_loop = paired(lambda r: r["torch_loop"])
     planning = {}
     for name in runs[0]["planning"]:
         per_run = [r["planning"][name] for r in runs]
@@ -251,7 +263,8 @@ def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                      "ahead on a thread) plus loading it into torch's runtime, the slower rank, over its median step "
                      f"(median over {len(runs)} runs)"}}
     return {"torch": SUPPORTED_TORCH, "ranks": RANKS, "stages": RANKS, "microbatches": MICROBATCHES, "runs": len(runs),
-            "threads_per_rank": runs[0]["threads_per_rank"], "pairs": pairs, "control": control, "planning": planning,
+            "threads_per_rank": runs[0]["threads_per_rank"], "pairs": pairs, "control": control,
+            "torch_loop": torch_loop, "planning": planning,
             "load_changed_plan_s": load_changed,
             "load_changed_plan_over_step": load_changed / planning["osprey"]["median_step_s"],
             "osprey_chosen": runs[0]["osprey_chosen"], "targets": targets,
@@ -271,6 +284,8 @@ def torch_runtime_line(section: dict[str, Any]) -> str:
     parts = [f"{name} on torch's runtime / torch's {p['torch_class']}: paired median {runs(p)} over {p['runs']} runs of "
              f"{p['rounds_per_run']} rounds ({1e3 * p['median_step_s']:.1f} vs {1e3 * p['torch_class_median_step_s']:.1f} ms; "
              f"gradients equal to {p['grad_max_abs_diff']:.1e})" for name, p in section["pairs"].items()]
+    parts.append(f"the torch-1f1b plan on torch's own action loop (action_ranges=True) / Schedule1F1B: paired median "
+                 f"{runs(section['torch_loop'])}")
     parts.append(f"control, Schedule1F1B against a second copy of itself: paired median {runs(section['control'])}")
     plans = [f"{name} {1e3 * p['median_blocked_s']:.3f} ms blocked ({100 * p['blocked_over_step']:.2f}% of its step; "
              f"planning {1e3 * p['median_plan_s']:.3f} ms on the thread; plan changed in {p['plans_changed']} of "

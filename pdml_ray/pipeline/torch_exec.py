@@ -20,6 +20,7 @@ project's use of it in ``torch_orders.SUPPORTED_TORCH``. Nothing here imports Ra
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import queue
 import socket
@@ -68,6 +69,12 @@ class TorchPlanRuntime:
     runs one global step of ``microbatches`` micro-batches as torch's schedules do (inputs split along
     dimension 0, the loss on the last stage). ``loss_fn(output, target)`` and ``scale_grads`` are torch's.
 
+    ``action_ranges=False`` (the default) runs the lowered order with ``_OrderLoop`` (below): torch's own
+    stage calls and point-to-point operations, without torch's per-action profiler range and dispatch.
+    Those cost a step 4-7% more than ``Schedule1F1B``'s hand-written loop running the same order on two
+    gloo ranks (``bench pipeline``'s torch-runtime section measures both loops); ``True`` runs torch's
+    loop, whose profiler trace names every action.
+
     ``defer_recv`` posts each receive just before the action that needs it (torch's ``defer_pp_recv``)
     instead of as soon as its sender is scheduled; None: deferred for CPU stages. On gloo, receives
     posted ahead made steps 10-17% slower than ``Schedule1F1B``'s (two ranks on 2 shared cores, paired
@@ -80,7 +87,7 @@ class TorchPlanRuntime:
     """
 
     def __init__(self, stages: Sequence[Any], microbatches: int, *, loss_fn: Callable[..., torch.Tensor],
-                 scale_grads: bool = True, defer_recv: bool | None = None) -> None:
+                 scale_grads: bool = True, defer_recv: bool | None = None, action_ranges: bool = False) -> None:
         if not stages:
             raise PlanError("TorchPlanRuntime needs this rank's PipelineStages (at least one); build them with "
                             "pdml_ray.pipeline.torch_exec.pipeline_stages(model, plan, rank, device)")
@@ -89,8 +96,8 @@ class TorchPlanRuntime:
         self.microbatches = microbatches
         self.defer_recv = all(torch.device(s.device).type == "cpu" for s in self.stages) if defer_recv is None \
             else defer_recv
-        self.runtime = schedules._PipelineScheduleRuntime(self.stages, microbatches, loss_fn=loss_fn,
-                                                          scale_grads=scale_grads)
+        runtime_class = schedules._PipelineScheduleRuntime if action_ranges else _order_loop_class()
+        self.runtime = runtime_class(self.stages, microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
         self.rank: int = self.runtime.rank
         self.plan: Plan | None = None
 
@@ -139,6 +146,86 @@ class TorchPlanRuntime:
         if self.plan is None:
             raise PlanError("TorchPlanRuntime.step before any plan was loaded; call load(plan) first")
         return self.runtime.step(*args, target=target, losses=losses, **kwargs)
+
+
+@functools.cache
+def _order_loop_class() -> Any:
+    """``_OrderLoop``: torch's ``_PipelineScheduleRuntime`` (its lowering, ``step``, micro-batch split and
+    merge, losses) whose ``_step_microbatches`` runs the lowered order in one plain loop.
+
+    Each action does what torch's loop does for it, through the same stage methods (``forward_one_chunk``,
+    ``backward_one_chunk``, ``backward_weight_one_chunk``, ``perform_reduce_grad``, the stages' send and
+    receive ops, posted one action at a time with torch's ``_batch_p2p``): gradients are torch's to the bit.
+    What it leaves out is per action: torch opens a profiler range (``record_function``) and builds a
+    closure call for every send, receive and compute, and that cost steps 4-7% on two gloo ranks at
+    ``bench pipeline``'s sizes. FSDP stages, custom action functions and ``OVERLAP_F_B`` actions (which
+    project plans never contain) run torch's own loop."""
+    schedules = torch_schedules()
+    from torch.distributed.fsdp import FSDPModule
+
+    class _OrderLoop(schedules._PipelineScheduleRuntime):  # type: ignore[name-defined]
+        def _step_microbatches(self, arg_mbs: Any = None, kwarg_mbs: Any = None, target_mbs: Any = None,
+                               losses: Any = None, return_outputs: bool = True, loss_kwargs: Any = None) -> None:
+            order = self.pipeline_order_with_comms[self.rank]
+            if self._comp_type_to_function_map or any(isinstance(s.submod, FSDPModule) for s in self._stages) or any(
+                    a.computation_type.value not in _LOOP_ACTIONS for a in order):
+                return super()._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs, loss_kwargs)
+            arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
+            self._initialize_stages(arg_mbs[0], kwarg_mbs[0], target_mbs[0] if target_mbs is not None else None,
+                                    loss_kwargs)
+            stages = {s.stage_index: s for s in self._stages}
+            received: dict[tuple[str, int, int], list[Any]] = {}  # ("F" or "B", stage, micro-batch) -> its receives
+            sends: list[list[Any]] = []  # waited at the end of the step, as torch's loop does
+            backwards = dict.fromkeys(stages, 0)  # full or weight backwards per stage: the last one reduces
+            n = self._n_microbatches
+
+            def wait_input(direction: str, k: int, m: int, needed: bool) -> None:
+                works = received.pop((direction, k, m), None)
+                if works is None and needed:
+                    raise PlanError(f"stage {k} computes micro-batch {m} ({direction}) before receiving its input")
+                schedules._wait_batch_p2p(works or [])
+
+            for a in order:
+                kind, k, m = a.computation_type.value, a.stage_index, a.microbatch_index
+                stage = stages[k]
+                if kind == "SEND_F":
+                    sends.append(schedules._batch_p2p(stage.get_fwd_send_ops(m)))
+                elif kind == "SEND_B":
+                    sends.append(schedules._batch_p2p(stage.get_bwd_send_ops(m)))
+                elif kind == "RECV_F":
+                    received[("F", k, m)] = schedules._batch_p2p(stage.get_fwd_recv_ops(m))
+                elif kind == "RECV_B":
+                    received[("B", k, m)] = schedules._batch_p2p(stage.get_bwd_recv_ops(m))
+                elif kind == "F":
+                    wait_input("F", k, m, not stage.is_first and k - 1 not in stages)
+                    output = stage.forward_one_chunk(m, arg_mbs[m], kwarg_mbs[m], save_forward_output=return_outputs)
+                    self._maybe_compute_loss(stage, output, target_mbs, m, loss_kwargs)
+                    if k + 1 in stages:  # the next stage on this rank takes the output without a transfer
+                        stages[k + 1].set_local_fwd_input(output, m)
+                elif kind in ("B", "I"):
+                    wait_input("B", k, m, not stage.is_last and k + 1 not in stages)
+                    full = kind == "B"
+                    backwards[k] += full
+                    stage.backward_one_chunk(m, loss=self._maybe_get_loss(stage, m), full_backward=full,
+                                             last_backward=full and backwards[k] == n)
+                    if k - 1 in stages:
+                        stages[k - 1].set_local_bwd_input(stage.get_local_bwd_output(m), m)
+                elif kind == "W":
+                    backwards[k] += 1
+                    stage.backward_weight_one_chunk(m, last_backward=backwards[k] == n)
+                elif kind == "REDUCE_GRAD":
+                    stage.perform_reduce_grad(n if self.scale_grads else 1)
+                # UNSHARD and RESHARD act on FSDP stages only, which torch's loop runs
+            for works in sends:
+                schedules._wait_batch_p2p(works)
+            self._update_losses(self._stages, losses)
+
+    return _OrderLoop
+
+
+_LOOP_ACTIONS = frozenset({"F", "B", "I", "W", "SEND_F", "SEND_B", "RECV_F", "RECV_B", "REDUCE_GRAD", "UNSHARD",
+                           "RESHARD"})
+"""Action kinds ``_OrderLoop`` runs itself (torch's ``_ComputationType`` values)."""
 
 
 def posted_in_send_order(order: dict[int, list[Any]], stage_rank: dict[int, int]) -> bool:

@@ -20,6 +20,7 @@ def _run(ratio: float, control: float, blocked_s: float, changed: int) -> dict:
                 for name in (*PAIRS, "osprey")}
     control_pair = {k: v for k, v in _pair("Schedule1F1B", control, 0.02, 20).items() if k != "grad_max_abs_diff"}
     return {"pairs": {name: _pair(cls, ratio, 0.02, 10) for name, cls in PAIRS.items()}, "control": control_pair,
+            "torch_loop": {**control_pair, "median_ratio": ratio + 0.04},
             "planning": planning, "load_changed_plan_s": 3e-4, "threads_per_rank": 1, "osprey_chosen": "1f1b"}
 
 
@@ -29,6 +30,7 @@ def test_the_figures_are_medians_over_runs_and_one_bad_run_does_not_decide_the_t
     assert pair["median_ratio"] == pytest.approx(1.01) and pair["per_run_median_ratio"] == [0.99, 1.074, 1.01]
     assert pair["runs"] == 3 and pair["rounds_method_faster"] == 30
     assert section["control"]["median_ratio"] == pytest.approx(1.00)
+    assert section["torch_loop"]["per_run_median_ratio"] == pytest.approx([1.03, 1.114, 1.05])
     target = section["targets"]["torch_runtime_step_over_torch_class"]
     assert target["met"] and target["value"] == pytest.approx(1.01) and "1.074" in target["basis"]
     osprey = section["planning"]["osprey"]

@@ -91,11 +91,13 @@ def _grads_after_one_step(rank: int, world_size: int, plans: dict[str, dict[str,
         stages = pipeline_stages(model, plan, rank, cpu)
         if name == "torch Schedule1F1B":
             Schedule1F1B(stages[0], MICROBATCHES, loss_fn=torch.nn.functional.mse_loss).step(x, target=y)
-        else:
-            runtime = TorchPlanRuntime(stages, MICROBATCHES, loss_fn=torch.nn.functional.mse_loss)
+        else:  # "... on torch's loop": torch's own _PipelineScheduleRuntime loop, not the project's
+            runtime = TorchPlanRuntime(stages, MICROBATCHES, loss_fn=torch.nn.functional.mse_loss,
+                                       action_ranges=name.endswith("on torch's loop"))
             runtime.load(plan)
             runtime.step(x, target=y)
             out[f"{name} receives deferred"] = runtime.receives_deferred
+            out[f"{name} loop"] = type(runtime.runtime).__name__
         out[name] = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
     try:  # the last runtime holds osprey's four stages (two per rank): a one-stage-per-rank plan is refused
         runtime.load(Plan.from_dict(plans["1f1b"]))
@@ -117,13 +119,24 @@ def _osprey_plan() -> Plan:
 def test_plans_on_torchs_runtime_give_schedule1f1bs_gradients_on_two_gloo_ranks() -> None:
     osprey = _osprey_plan()
     one_f_one_b = make_schedule("1f1b", stages=2, replicas=1, microbatches=MICROBATCHES).plan(0)
+    # torch's ZBV: a V of two chunks per rank (rank 1 hands stage 1's output to stage 2 without a transfer)
+    # with split backward (I, then W): every path of the project's order loop.
+    zbv = make_schedule("torch-zbv", stages=2, replicas=1, microbatches=MICROBATCHES).plan(0)
     assert osprey.split_backward or osprey.stage_rank is not None, osprey  # not 1F1B's order again
-    ranks = run_local_ranks(_grads_after_one_step, 2, {"1f1b": one_f_one_b.to_dict(), "osprey": osprey.to_dict()},
+    assert zbv.split_backward and zbv.stage_rank == (0, 1, 1, 0), zbv
+    plans = {"1f1b": one_f_one_b, "1f1b on torch's loop": one_f_one_b, "zbv": zbv, "zbv on torch's loop": zbv,
+             "osprey": osprey}
+    ranks = run_local_ranks(_grads_after_one_step, 2, {name: plan.to_dict() for name, plan in plans.items()},
                            start_method="fork")  # no Ray in the unit tier: forked ranks skip importing torch again
     # The 1f1b plan runs with deferred receives (gloo); osprey's two-chunk plan falls back to torch's
     # own posting order, which its deferral would break (test above).
     assert [r.pop("1f1b receives deferred") for r in ranks] == [True, True]
     assert [r.pop("osprey receives deferred") for r in ranks] == [False, False]
+    for r in ranks:
+        for name in plans:
+            r.pop(f"{name} receives deferred", None)
+            assert r.pop(f"{name} loop") == ("_PipelineScheduleRuntime" if name.endswith("on torch's loop") else
+                                             "_OrderLoop"), name
     assert all("places stages [" in r["refused"] and "build the stages for this plan's layout" in r.pop("refused")
                for r in ranks)
     runs = {name: {k: v for r in ranks for k, v in r[name].items()} for name in ranks[0]}
