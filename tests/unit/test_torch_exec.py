@@ -17,7 +17,8 @@ from pdml_ray.pipeline.osprey import OspreySchedule
 from pdml_ray.pipeline.plan import Plan
 from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
-from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages, posted_in_send_order, run_local_ranks
+from pdml_ray.pipeline.torch_exec import (TorchPlanRuntime, finishes_with_sends_waited, pipeline_stages,
+                                          posted_in_send_order, run_local_ranks)
 
 MICROBATCHES = 4
 TOLERANCE = 1e-5
@@ -71,6 +72,32 @@ def test_receives_deferred_out_of_their_senders_order_are_caught() -> None:
     assert not posted_in_send_order(*_lowered(interleaved, defer=True))
 
 
+def _order(listing: dict[int, str]) -> dict[int, list[Any]]:
+    """Per-rank lowered orders from torch's action notation ("0F1" = stage 0 forward of micro-batch 1)."""
+    schedules = torch_orders.torch_schedules()
+    return {r: [schedules._Action.from_str(a) for a in text.split()] for r, text in listing.items()}
+
+
+def test_sends_are_waited_before_compute_only_where_the_order_still_finishes() -> None:
+    # torch's lowering of 1F1B finishes with sends waited; of ZBV (a V of two chunks per rank) it does not:
+    # rank 0 waits for its send of micro-batch 2 before 3F0, which rank 1 receives only after 2I0, which
+    # waits for rank 1's send of 2F1, which rank 0 receives only after 3I0.
+    def lowered(name: str) -> dict[int, list[Any]]:
+        return _lowered(make_schedule(name, stages=2, replicas=1, microbatches=MICROBATCHES).plan(0), True)[0]
+
+    assert finishes_with_sends_waited(lowered("1f1b"))
+    assert not finishes_with_sends_waited(lowered("torch-zbv"))
+    # Rank 0 sends micro-batch 1's activations and computes F2 before receiving B0; rank 1 sends B0 and
+    # computes W0 before receiving micro-batch 1: with sends waited, F2 waits for rank 1's receive of
+    # micro-batch 1 and W0 for rank 0's receive of B0, each posted after the other's wait.
+    crossed = {0: "0F0 0SEND_F0 0F1 0SEND_F1 0F2 0SEND_F2 0RECV_B0 0B0 0RECV_B1 0B1 0RECV_B2 0B2",
+               1: "1RECV_F0 1F0 1I0 1SEND_B0 1W0 1RECV_F1 1F1 1I1 1SEND_B1 1W1 1RECV_F2 1F2 1I2 1SEND_B2 1W2"}
+    assert not finishes_with_sends_waited(_order(crossed))
+    # the same transfers with rank 1 posting each next receive before its W: it finishes
+    crossed[1] = crossed[1].replace("1W0 1RECV_F1", "1RECV_F1 1W0").replace("1W1 1RECV_F2", "1RECV_F2 1W1")
+    assert finishes_with_sends_waited(_order(crossed))
+
+
 def _model() -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
@@ -98,6 +125,7 @@ def _grads_after_one_step(rank: int, world_size: int, plans: dict[str, dict[str,
             runtime.step(x, target=y)
             out[f"{name} receives deferred"] = runtime.receives_deferred
             out[f"{name} loop"] = type(runtime.runtime).__name__
+            out[f"{name} sends waited"] = runtime.sends_waited
         out[name] = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
     try:  # the last runtime holds osprey's four stages (two per rank): a one-stage-per-rank plan is refused
         runtime.load(Plan.from_dict(plans["1f1b"]))
@@ -135,6 +163,8 @@ def test_plans_on_torchs_runtime_give_schedule1f1bs_gradients_on_two_gloo_ranks(
     for r in ranks:
         for name in plans:
             r.pop(f"{name} receives deferred", None)
+            waited = r.pop(f"{name} sends waited")  # on CPU stages, where the order allows it (test above)
+            assert waited if name == "1f1b" else not waited if name.endswith("on torch's loop") else True, name
             assert r.pop(f"{name} loop") == ("_PipelineScheduleRuntime" if name.endswith("on torch's loop") else
                                              "_OrderLoop"), name
     assert all("places stages [" in r["refused"] and "build the stages for this plan's layout" in r.pop("refused")
