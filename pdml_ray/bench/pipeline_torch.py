@@ -106,15 +106,16 @@ def _rank(rank: int, world_size: int, rounds: int, width: int, layers: int, batc
             model = copy.deepcopy(base)
             cls = getattr(torch_schedules, PAIRS[name])
             arms[PAIRS[name]] = (model, cls(pipeline_stages(model, plan, rank, cpu)[0], MICROBATCHES, loss_fn=loss_fn))
+    one_f_one_b = sources["torch-1f1b"].plan(0)
     # torch's own loop over the same lowered order, beside the project's
     model = copy.deepcopy(base)
-    arms[TORCH_LOOP] = (model, TorchPlanRuntime(pipeline_stages(model, sources["torch-1f1b"].plan(0), rank, cpu),
-                                                MICROBATCHES, loss_fn=loss_fn, action_ranges=True))
-    arms[TORCH_LOOP][1].load(sources["torch-1f1b"].plan(0))
+    arms[TORCH_LOOP] = (model, TorchPlanRuntime(pipeline_stages(model, one_f_one_b, rank, cpu), MICROBATCHES,
+                                                loss_fn=loss_fn, action_ranges=True))
+    arms[TORCH_LOOP][1].load(one_f_one_b)
     # The control: a second Schedule1F1B, the same code on its own copy; its ratio is the noise floor.
     model = copy.deepcopy(base)
-    arms[CONTROL] = (model, torch_schedules.Schedule1F1B(pipeline_stages(model, sources["torch-1f1b"].plan(0), rank,
-                                                                         cpu)[0], MICROBATCHES, loss_fn=loss_fn))
+    arms[CONTROL] = (model, torch_schedules.Schedule1F1B(pipeline_stages(model, one_f_one_b, rank, cpu)[0], MICROBATCHES,
+                                                         loss_fn=loss_fn))
     step_s: dict[str, list[float]] = {arm: [] for arm in arms}
     plan_s: dict[str, list[float]] = {name: [] for name in sources}  # making the plan, on the planning thread
     blocked_s: dict[str, list[float]] = {name: [] for name in sources}  # the step loop waiting for it, and load

@@ -185,13 +185,18 @@ def _order_loop_class() -> Any:
 
     class _OrderLoop(schedules._PipelineScheduleRuntime):  # type: ignore[name-defined]
         sends_done_before_compute = False  # TorchPlanRuntime's wait_sends
+        runs_own_loop = False  # whether the lowered order is one this loop runs (decided once per lowering)
+
+        def _prepare_schedule_with_comms(self, actions: Any, format: Any = "compute_only") -> None:
+            super()._prepare_schedule_with_comms(actions, format)
+            self.runs_own_loop = not any(isinstance(s.submod, FSDPModule) for s in self._stages) and all(
+                a.computation_type.value in _LOOP_ACTIONS for a in self.pipeline_order_with_comms[self.rank])
 
         def _step_microbatches(self, arg_mbs: Any = None, kwarg_mbs: Any = None, target_mbs: Any = None,
                                losses: Any = None, return_outputs: bool = True, loss_kwargs: Any = None) -> None:
-            order = self.pipeline_order_with_comms[self.rank]
-            if self._comp_type_to_function_map or any(isinstance(s.submod, FSDPModule) for s in self._stages) or any(
-                    a.computation_type.value not in _LOOP_ACTIONS for a in order):
+            if self._comp_type_to_function_map or not self.runs_own_loop:  # custom functions: registered any time
                 return super()._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs, loss_kwargs)
+            order = self.pipeline_order_with_comms[self.rank]
             arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
             self._initialize_stages(arg_mbs[0], kwarg_mbs[0], target_mbs[0] if target_mbs is not None else None,
                                     loss_kwargs)
@@ -254,23 +259,33 @@ _LOOP_ACTIONS = frozenset({"F", "B", "I", "W", "SEND_F", "SEND_B", "RECV_F", "RE
 """Action kinds ``_OrderLoop`` runs itself (torch's ``_ComputationType`` values)."""
 
 
+Message = tuple[str, int, int]
+"""A point-to-point message of one step: (direction 'F' or 'B', receiving stage, micro-batch)."""
+
+
+def _message(action: Any) -> tuple[Message, int] | None:
+    """A lowered send or receive action's message and the stage at the other end; None for other actions."""
+    kind, s, m = action.computation_type.value, action.stage_index, action.microbatch_index
+    return {"SEND_F": (("F", s + 1, m), s + 1), "SEND_B": (("B", s - 1, m), s - 1),
+            "RECV_F": (("F", s, m), s - 1), "RECV_B": (("B", s, m), s + 1)}.get(kind)
+
+
 def posted_in_send_order(order: dict[int, list[Any]], stage_rank: dict[int, int]) -> bool:
     """Whether, in torch's lowered per-rank order (sends and receives included), every rank posts its
     receives from each peer in the order that peer posts the matching sends: point-to-point messages of
     one pair of ranks match in posting order, so any other order hands a micro-batch another's tensors."""
-    sent: dict[tuple[int, int], list[tuple[int, str, int]]] = {}
-    received: dict[tuple[int, int], list[tuple[int, str, int]]] = {}
+    sent: dict[tuple[int, int], list[Message]] = {}
+    received: dict[tuple[int, int], list[Message]] = {}
     for rank, actions in order.items():
         for a in actions:
-            kind, s, m = a.computation_type.value, a.stage_index, a.microbatch_index
-            if kind == "SEND_F":  # message: (receiving stage, direction, micro-batch)
-                sent.setdefault((rank, stage_rank[s + 1]), []).append((s + 1, "F", m))
-            elif kind == "SEND_B":
-                sent.setdefault((rank, stage_rank[s - 1]), []).append((s - 1, "B", m))
-            elif kind == "RECV_F":
-                received.setdefault((stage_rank[s - 1], rank), []).append((s, "F", m))
-            elif kind == "RECV_B":
-                received.setdefault((stage_rank[s + 1], rank), []).append((s, "B", m))
+            found = _message(a)
+            if found is None:
+                continue
+            msg, peer = found
+            if a.computation_type.value.startswith("SEND"):
+                sent.setdefault((rank, stage_rank[peer]), []).append(msg)
+            else:
+                received.setdefault((stage_rank[peer], rank), []).append(msg)
     return sent == received
 
 
@@ -282,15 +297,11 @@ def finishes_with_sends_waited(order: dict[int, list[Any]]) -> bool:
     rank is stepped through its order until all finish or none can move. A plan that interleaves two
     ranks' transfers against each other (rank 0 sends, computes, then receives what rank 1 sent before a
     compute that waits for rank 0's next send) would stop forever with sends waited, and runs without."""
-    def message(kind: str, stage: int, microbatch: int) -> tuple[str, int, int]:  # (direction, receiving stage, mb)
-        return {"SEND_F": ("F", stage + 1, microbatch), "SEND_B": ("B", stage - 1, microbatch),
-                "RECV_F": ("F", stage, microbatch), "RECV_B": ("B", stage, microbatch)}[kind]
-
-    sent: set[tuple[str, int, int]] = set()
-    received: set[tuple[str, int, int]] = set()
+    sent: set[Message] = set()
+    received: set[Message] = set()
     pos = dict.fromkeys(order, 0)
-    in_flight: dict[int, list[tuple[str, int, int]]] = {r: [] for r in order}
-    awaited: dict[int, set[tuple[str, int, int]]] = {r: set() for r in order}  # receives posted, not yet used
+    in_flight: dict[int, list[Message]] = {r: [] for r in order}
+    awaited: dict[int, set[Message]] = {r: set() for r in order}  # receives posted, not yet used
     moved = True
     while moved:
         moved = False
@@ -298,12 +309,13 @@ def finishes_with_sends_waited(order: dict[int, list[Any]]) -> bool:
             while pos[r] < len(actions):
                 a = actions[pos[r]]
                 kind, k, m = a.computation_type.value, a.stage_index, a.microbatch_index
-                if kind in ("SEND_F", "SEND_B"):
-                    sent.add(message(kind, k, m))
-                    in_flight[r].append(message(kind, k, m))
-                elif kind in ("RECV_F", "RECV_B"):
-                    received.add(message(kind, k, m))
-                    awaited[r].add(message(kind, k, m))
+                found = _message(a)
+                if found is not None and kind.startswith("SEND"):
+                    sent.add(found[0])
+                    in_flight[r].append(found[0])
+                elif found is not None:
+                    received.add(found[0])
+                    awaited[r].add(found[0])
                 elif kind in ("F", "B", "I", "W"):
                     needs = ("F", k, m) if kind == "F" else ("B", k, m)
                     if any(msg not in received for msg in in_flight[r]) or (
