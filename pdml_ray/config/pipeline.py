@@ -56,6 +56,12 @@ class OspreyConfig:
     profile as it was (8x4x16 osprey/1F1B median 0.941 over 5 seeds; 0.25 or a rule per kind took it to
     0.98); drift 4x4x16 (quick, planning a step ahead) went from 0.961 and
     0.975 of the best static order to 0.890 and 0.913 (seeds 0, 1). 0 disables the jump."""
+    replan_on_shift: bool = False
+    """Re-plan a step when the step before it ran far from its plan's prediction: a runtime plans step
+    t+1 while step t runs, on measurements through t-1; where an executor's busy time in step t is more
+    than ``jump_threshold`` (relative) off what its plan predicted (``pdml_ray.pipeline.prediction``), the
+    runtime asks for step t+1's plan again, after step t's latencies, and waits for it. Only steps after
+    a shift wait for planning; the runtimes count them (``replans``)."""
 
     def __post_init__(self) -> None:
         check_range(self.ema_alpha, "osprey.ema_alpha", 0.0, 1.0, open_low=True, hint="e.g. 0.5")
@@ -65,6 +71,8 @@ class OspreyConfig:
         check_range(self.extra_in_flight, "osprey.extra_in_flight", 0, MAX_ACTIVATIONS, whole=True, hint="activations")
         _check_schedule(self.warm_start, "osprey.warm_start", static_only=True)
         check_range(self.jump_threshold, "osprey.jump_threshold", 0.0, MAX_REAL, hint="e.g. 0.25 (0 disables)")
+        require(isinstance(self.replan_on_shift, bool),
+                f"osprey.replan_on_shift must be true or false, got {shown(self.replan_on_shift)}")
         require(self.plans in ("full-backward", "any"),
                 f"osprey.plans must be 'full-backward' (the Ray-actor runtime's plans) or 'any', got {shown(self.plans)}")
 

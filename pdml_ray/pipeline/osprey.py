@@ -63,6 +63,7 @@ from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single
 from pdml_ray.pipeline.osprey_candidates import StaticCandidates
 from pdml_ray.pipeline.osprey_decision import OspreyDecision
 from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineSchedule, Plan, check_state
+from pdml_ray.pipeline.prediction import predicted_busy
 from pdml_ray.pipeline.sizes import (KnownSizesSimulator, SizeModel, check_sizes, orders_to_try, relabel, sized_lanes,
                                      uneven)
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
@@ -452,9 +453,14 @@ class OspreySchedule:
         return dataclasses.replace(plans[choice], schedule=self.name)
 
     def _issued(self, step: int, plan: Plan) -> Plan:
-        """Remember the layout of the plan handed out for ``step``, so its measurements map back to stages."""
+        """Remember the layout of the plan handed out for ``step``, so its measurements map back to stages,
+        and record what it predicts each executor is busy for (``OspreyDecision.predicted_busy_s``)."""
         self._layouts[step] = (plan.stage_rank, plan.num_stages // self.stages) \
             if plan.num_stages != self.stages and plan.stage_rank is not None else None
+        sizes = self.sizes.get(step)
+        cost = self.size_model.relative_cost(sizes).tolist() if sizes is not None else None
+        self.last_decision = dataclasses.replace(self.last_decision,
+                                                 predicted_busy_s=predicted_busy(plan, self.est, cost))
         return plan
 
     def _predictor(self, sizes: Sequence[float] | None = None, relative_cost: np.ndarray | None = None) -> Any:

@@ -12,7 +12,7 @@ class OspreyDecision:
     """What osprey last decided and why. Fields come in groups, set together and None otherwise:
     warm start (``warm_start``); after each observed step (``step`` .. ``bottleneck_stage``); with
     lanes (``lanes`` .. ``rebalanced``); after each adaptive plan (``predicted_makespan_s`` ..
-    ``lane_microbatches``). ``to_dict`` writes the groups that are set, in this order, for JSON logs."""
+    ``lane_microbatches``); ``predicted_busy_s`` with every plan issued. ``to_dict`` writes the groups that are set, in this order, for JSON logs."""
 
     kind: Literal["warm-start", "adaptive"]
     """'warm-start' until the first measurement, then 'adaptive'."""
@@ -43,6 +43,10 @@ class OspreyDecision:
     """The candidate planned: a cap option's name or 'warm-start'."""
     lane_microbatches: tuple[int, ...] | None = None
     """Micro-batches per lane in the best cap option's plan; None without lanes (set with ``chosen``)."""
+    predicted_busy_s: tuple[tuple[int, int, float], ...] | None = None
+    """(rank, replica, seconds) per executor: its busy time under the plan issued last, predicted on the
+    estimates it was made with (``pdml_ray.pipeline.prediction``); what a runtime compares the step's
+    measured latencies with to decide whether the next plan, made a step ago, is made again."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form with the groups that are set; ``OspreyDecision.from_dict(d.to_dict()) == d``."""
@@ -60,6 +64,8 @@ class OspreyDecision:
         if self.chosen is not None:
             out.update(predicted_makespan_s=dict(self.predicted_makespan_s or ()), chosen=self.chosen,
                        lane_microbatches=None if self.lane_microbatches is None else list(self.lane_microbatches))
+        if self.predicted_busy_s is not None:
+            out["predicted_busy_s"] = [list(x) for x in self.predicted_busy_s]
         return out
 
     @classmethod
@@ -80,4 +86,6 @@ class OspreyDecision:
                    rebalanced=data.get("rebalanced"),
                    predicted_makespan_s=None if predicted is None else tuple((str(k), float(v))
                                                                              for k, v in predicted.items()),
-                   chosen=data.get("chosen"), lane_microbatches=ints("lane_microbatches"))
+                   chosen=data.get("chosen"), lane_microbatches=ints("lane_microbatches"),
+                   predicted_busy_s=None if data.get("predicted_busy_s") is None else tuple(
+                       (int(k), int(r), float(t)) for k, r, t in data["predicted_busy_s"]))

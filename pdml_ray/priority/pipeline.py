@@ -33,7 +33,7 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, MicroBatchPlan, Rejection, WorkerReport
 from pdml_ray.errors import ConfigError, PlanError, ReportError, StateError
 from pdml_ray.pipeline.plan import Kind, Measurement, PipelineSchedule
-from pdml_ray.pipeline.rebalance import Rebalancer, stage_seconds
+from pdml_ray.pipeline.rebalance import LayerMove, Rebalancer, stage_seconds
 from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.priority.base import Deriver, GaugeValue
 
@@ -110,6 +110,8 @@ class PipelineDeriver(Deriver):
         self.rebalancer: Rebalancer | None = None
         self._stage_ranks: dict[int, list[int] | None] = {}
         """Step -> its plan's ranks of virtual stages (None: one stage per rank), until its latencies come."""
+        self._move: tuple[int, LayerMove | None] | None = None
+        """The newest step planned and the layer move decided for it (a step planned again keeps it)."""
 
     # -- events -------------------------------------------------------------------------------------
     def on_shape(self, shape: Mapping[str, Any]) -> None:
@@ -222,7 +224,11 @@ class PipelineDeriver(Deriver):
         record = self.schedule.last_decision
         move = None
         if self.rebalancer is not None:
-            move = self.rebalancer.decide(boundary.first_step)
+            if self._move is not None and self._move[0] == boundary.first_step:
+                move = self._move[1]  # the step asked for again (a re-plan after a shift): its move stands
+            else:
+                move = self.rebalancer.decide(boundary.first_step)
+                self._move = (boundary.first_step, move)
             # The step's latencies come after the next plan: keep its ranks a few steps (none come for a step
             # whose run failed).
             self._stage_ranks = {t: v for t, v in self._stage_ranks.items() if t > boundary.first_step - 8}

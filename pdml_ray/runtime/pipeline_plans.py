@@ -10,9 +10,12 @@ synchronously).
 Planning never sits on the step's critical path: ``plan(t)`` takes the plan requested at the previous
 step and at once requests step t+1's, which the scheduler derives while step t runs. Step t's latencies
 are sent after it, so the plan of t+1 rests on measurements through step t-1 (an adaptive schedule sees
-one step late; ``pdml-ray bench pipeline`` measures what that costs). ``wait_s`` is the driver's time
+one step late; ``pdml-ray bench pipeline`` measures what that costs). With
+``OspreyConfig.replan_on_shift``, a step that ran far from its plan's prediction (a replica throttled or
+recovered: ``pdml_ray.pipeline.prediction``) has the next step's plan asked for again after its
+latencies, and that step waits for it (``replans`` counts them). ``wait_s`` is the driver's time
 blocked waiting for plans; with the actor it is the part of planning (plus the call) that step t did
-not hide.
+not hide, and the whole of each re-plan.
 
 If the scheduler cannot be reached (restarting, gone), the runtime keeps running the newest plan it has
 (``fallbacks`` counts those steps): a plan is a placement and an order, valid for any step of the same
@@ -30,6 +33,7 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
 from pdml_ray.pipeline.plan import DecisionRecord, Measurement, Plan
+from pdml_ray.pipeline.prediction import replan_due
 from pdml_ray.pipeline.rebalance import LayerMove
 from pdml_ray.pipeline.sizes import check_sizes
 from pdml_ray.scheduler import Scheduler
@@ -75,6 +79,10 @@ class ScheduledPlans:
         self.steps = 0
         self.fallbacks = 0
         """Steps that ran the newest plan again because the scheduler's answer did not come."""
+        self.replans = 0
+        """Steps whose plan was asked for again after the step before ran far from its prediction."""
+        osprey = config.pipeline.osprey
+        self._replan_threshold = osprey.jump_threshold if osprey.replan_on_shift else 0.0
         self.last_decision: DecisionRecord | None = None
         self.decision: MicroBatchPlan | None = None
         self._requested: int | None = None
@@ -131,9 +139,14 @@ class ScheduledPlans:
         return move if move is not None and move.effective_step == step else None
 
     def observe(self, measurements: Sequence[Measurement]) -> None:
-        """The planned step's action latencies, to the scheduler (fire-and-forget)."""
+        """The planned step's action latencies, to the scheduler (fire-and-forget). Where they ran far from
+        the plan's prediction (``replan_on_shift``), the next step's plan is asked for again after them."""
         rows = [(m.stage, m.replica, m.kind.value, m.microbatch, float(m.latency_s)) for m in measurements]
         self.client.observe("pipeline", self._step, rows)
+        if self.decision is not None and replan_due(self.decision.plan, self.decision.record, rows,
+                                                    self._replan_threshold):
+            self.replans += 1
+            self._requested = None  # plan(step + 1) asks again, after these latencies
 
     def stats(self) -> Any:
         """The scheduler's stats record (its ``pipeline`` axis among them)."""

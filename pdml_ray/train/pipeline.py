@@ -66,6 +66,7 @@ from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, MicroBatchPlan, WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, SchedulerUnavailableError, StateError, UsageError
 from pdml_ray.pipeline.plan import Plan
+from pdml_ray.pipeline.prediction import replan_due
 from pdml_ray.pipeline.registry import STATIC_SCHEDULES
 from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages
 from pdml_ray.state_format import check_scheduler_decisions, write_state
@@ -83,9 +84,14 @@ class ScheduledStagePlans:
     one integer (the count of distinct plans) and the plan itself only when it changed."""
 
     def __init__(self, client: SchedulerClient | None, *, rank: int, stages: int, microbatches: int,
-                 device: torch.device, adaptive: bool = False) -> None:
-        """``adaptive``: the schedule plans from measured latencies (osprey, auto), which ``observe`` sends."""
+                 device: torch.device, adaptive: bool = False, replan_threshold: float = 0.0) -> None:
+        """``adaptive``: the schedule plans from measured latencies (osprey, auto), which ``observe`` sends;
+        ``replan_threshold`` > 0: a step that ran further than that from its plan's prediction has the
+        next step's plan asked for again (``OspreyConfig.replan_on_shift``, ``pdml_ray.pipeline.prediction``)."""
         self.client, self.rank, self.device, self.adaptive = client, rank, device, adaptive
+        self.replan_threshold = replan_threshold
+        self.replans = 0
+        """Rank 0: steps whose plan was asked for again after the step before ran far from its prediction."""
         self.shape = {"stages": stages, "replicas": 1, "microbatches": microbatches}  # every replica runs it
         self.decision: MicroBatchPlan | None = None
         """Rank 0: the newest decision the scheduler sent."""
@@ -133,7 +139,12 @@ class ScheduledStagePlans:
         else:
             gathered = [rows]
         if self.rank == 0 and self.client is not None:
-            self.client.observe("pipeline", step, stage_latencies(gathered))
+            observed = stage_latencies(gathered)
+            self.client.observe("pipeline", step, observed)
+            decision = self.decision
+            if decision is not None and replan_due(decision.plan, decision.record, observed, self.replan_threshold):
+                self.replans += 1
+                self._requested = None  # step + 1's plan is asked for again, after these latencies
 
     def _fetch(self, step: int) -> None:
         """Rank 0: take step ``step``'s decision (asked for a step ago) and ask for step ``step + 1``'s."""
@@ -361,9 +372,12 @@ class PipelineContext:
         Call once, on every rank."""
         if self.pipeline is not None:
             raise UsageError("ctx.prepare was already called: prepare one pipeline per training run")
+        assert self.config.pipeline is not None  # a pipeline run's config (checked where the context is built)
+        osprey = self.config.pipeline.osprey
         plans = ScheduledStagePlans(self.client, rank=self.rank, stages=self.layout.stages,
                                     microbatches=microbatches, device=self.device,
-                                    adaptive=self.schedule not in STATIC_SCHEDULES)
+                                    adaptive=self.schedule not in STATIC_SCHEDULES,
+                                    replan_threshold=osprey.jump_threshold if osprey.replan_on_shift else 0.0)
         self.pipeline = PipelineParallel(model, layout=self.layout, rank=self.rank, device=self.device, plans=plans,
                                          microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer,
                                          on_step=self._queue_report, start_step=self.start_step)

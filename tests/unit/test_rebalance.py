@@ -98,6 +98,17 @@ def test_through_the_axis_a_persistent_slowdown_moves_once_and_the_measured_time
     assert "layer re-balancing: cuts [5, 7, 12], 1 moves" in "\n".join(stats.summary_lines())
 
 
+def test_a_step_planned_again_keeps_the_move_decided_for_it():
+    """A runtime re-plans a step after a shift (``OspreyConfig.replan_on_shift``): the step's layer move
+    was decided with its first plan, and the second plan carries the same move without deciding again."""
+    s = _scheduler(window=3)
+    _run(s, 5, lambda t: {1: 0.5} if t >= 2 else {})
+    first, again = (s.bundle(Boundary(5, 1, ()), {}).get("pipeline") for _ in range(2))
+    assert isinstance(first, MicroBatchPlan) and isinstance(again, MicroBatchPlan)
+    assert first.layer_move is not None and again.layer_move == first.layer_move and again.version > first.version
+    assert s.derivers["pipeline"].stats().layer_moves == 1
+
+
 def test_a_one_step_spike_moves_nothing():
     s = _scheduler(window=3)
     plans = _run(s, 10, lambda t: {1: 0.3} if t == 3 else {})
