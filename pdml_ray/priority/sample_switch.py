@@ -32,7 +32,9 @@ not fall) is reported. The verdict is a test, not a point estimate: each interva
 standard error from its own terms' spread, and with P and U the priority and uniform rates,
 ``D = P - c U`` must stand more than ``SIGNIFICANCE_Z`` (2) standard errors from 0 for the state to
 change: priority on turns off when ``D < 0`` with c = ``pay_threshold``, off turns on when ``D > 0``
-with c = ``pay_threshold * (1 + HYSTERESIS)``. Where the loss barely falls (a converged model) the
+with c = ``pay_threshold * (1 + HYSTERESIS)`` and priority's own loss falls (``P`` as far above 0): where
+uniform's loss rose over its pairs (noise around a converged model), ``D > 0`` alone would turn priority
+on with nothing gained (it did, on a balanced control seed: a probe with gain 0 turned it on). Where the loss barely falls (a converged model) the
 rates are noise and nothing switches. Each switch is counted. A verdict that keeps the state doubles
 the gap to the next probe (``MIN_GAP`` 4 up to ``MAX_GAP`` 32 intervals), a switch resets it: probes
 are frequent while the answer is in doubt and cost little once it is settled (a probe is 2 intervals
@@ -256,7 +258,8 @@ class PaySwitch:
         assert self.threshold is not None  # no probes without one
         if self.on and significant(priority, uniform, self.threshold) < 0:
             self.on, self.switches_off, self._gap = False, self.switches_off + 1, MIN_GAP
-        elif not self.on and significant(priority, uniform, self.threshold * (1.0 + HYSTERESIS)) > 0:
+        elif not self.on and significant(priority, uniform, self.threshold * (1.0 + HYSTERESIS)) > 0 \
+                and significant(priority, (0.0, 0.0), 1.0) > 0:  # ... and priority's own loss falls
             self.on, self.switches_on, self._gap = True, self.switches_on + 1, MIN_GAP
         else:
             self._gap = min(2 * self._gap, MAX_GAP)

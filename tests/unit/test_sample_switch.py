@@ -79,6 +79,14 @@ def test_a_loss_that_falls_only_under_priority_or_under_neither():
     assert only.on and only.gain == math.inf
 
 
+def test_a_rising_uniform_loss_alone_does_not_turn_priority_on():
+    """Around a converged model the uniform pairs' loss may rise (noise): priority, whose own loss does not
+    fall, beats that rate without paying anything, and must stay off."""
+    switch = PaySwitch(1.0)
+    _stream(switch, 20, lambda i, p: 0.0 if p else -1.0)
+    assert not switch.on and switch.switches_on == 0 and switch.gain == 0.0 and switch.probes >= 2
+
+
 def test_a_verdict_waits_for_missing_losses_then_gives_up_and_probes_again():
     switch = PaySwitch(1.0)
 
