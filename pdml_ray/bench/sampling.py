@@ -395,6 +395,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"verdicts {_verdicts(c['priority'])}); continuity "
               f"collapses (peaked/flat) {stats['collapsed_peaked']:.0f}/{stats['collapsed_flat']:.0f}")
     summary, control = _summary(runs, arm_names), _summary(controls, ["uniform", "priority"])
+    # Both control arms train the whole budget: uniform's training time over priority's is what keeping the
+    # switch (off, and its probes) costs over the run, beside the few steps the target takes.
+    control["budget_time_ratio"] = median([c["arms"]["uniform"]["train_s"] / c["arms"]["priority"]["train_s"]
+                                           for c in controls])
     tree = sumtree_timing(10 if args.quick else 50, args.seed)
     at_scale = continuity_cost_at_scale(args, priority_config(args, "priority"), 200 if args.quick else 1000,
                                         summary["step_time_priority_ms"])
@@ -446,7 +450,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              f"{arms[n]['reached']}/{reps}", arms[n]["final_minority_f1"], arms[n]["final_accuracy"],
              arms[n]["step_time_ms"]] for n in arm_names]
     rows.append(["control: priority", control["steps_to_target_priority"], control["time_to_target_priority_s"],
-                 control["step_ratio"], control["time_ratio"], f"{control['reached_priority']}/{reps}", "", "", ""])
+                 control["step_ratio"], control["time_ratio"], f"{control['reached_priority']}/{reps}", "", "",
+                 control["step_time_priority_ms"]])
+    rows.append(["control: uniform", control["steps_to_target_uniform"], control["time_to_target_uniform_s"],
+                 1.0, 1.0, f"{control['reached_uniform']}/{reps}", "", "", control["step_time_uniform_ms"]])
     print_table(["arm (median over seeds)", "steps", "time (s)", "step ratio", "time ratio", "reached", "final F1",
                  "final acc", "step (ms)"], rows,
                 title=f"imbalance {args.imbalance}, label noise {args.label_noise:g}, N={args.dataset_size}, batch {args.batch_size}, {reps} seed(s), "
@@ -462,6 +469,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"{at_scale['full_pass_fraction_of_step']:.1%}); sum-tree draw+update B={tree['batch']}: "
           f"{tree['draw_update_ms_median']:.2f} ms median; the table's plan + update B=1024: "
           f"{at_scale['table_plan_update_ms_median']:.2f} ms median")
+    print(f"balanced control over its whole budget ({min(max_steps, _CONTROL_STEPS)} steps, both arms): uniform's "
+          f"training time over priority's {control['budget_time_ratio']:.3f}")
     print(f"best label-free arm: {summary['best_label_free']}"
           + (f"; label-aware oversampling is {result['label_aware_gap']:.3g}x its step ratio (it uses the labels)"
              if result["label_aware_gap"] is not None else ""))

@@ -45,6 +45,9 @@ def targets(args: argparse.Namespace, summary: dict[str, Any], control: dict[str
                       + 1e-12)
     out["balanced control: priority with the pay switch at most 1.05x slower (time_ratio >= 1/1.05)"] = \
         at_least(control["time_ratio"], round(1.0 / _CONTROL_SLOWDOWN, 4))
+    if "budget_time_ratio" in control:  # the same over the whole budget: the switch's cost while it stays off
+        out["balanced control: over the whole budget at most 1.05x slower (uniform / priority training time)"] = \
+            at_least(control["budget_time_ratio"], round(1.0 / _CONTROL_SLOWDOWN, 4))
     out["sum-tree draw + update, B = 1024, N = 1e7: median < 2 ms"] = below(tree["draw_update_ms_median"],
                                                                            _SUMTREE_MS_TARGET)
     out["sample table plan + update (the library's path), B = 1024, N = 1e7: median < 2 ms"] = \

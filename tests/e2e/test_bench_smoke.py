@@ -66,6 +66,7 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path, request):
 
         assert result["continuity_check_interval"] == ContinuityConfig().check_interval
         assert result["continuity_cost_at_1e7"]["n"] == 10_000_000
+        assert result["control"]["budget_time_ratio"] > 0  # the switch's cost over the control's whole budget
         assert all({"value", "target", "met"} <= set(t) for t in result["targets"].values())
     if name == "stragglers":  # the one pgc policy run, against the one plain code run, the pair named
         assert set(result["step_time_ratios"]) == {"pgc_cr_over_gc_fr"}
