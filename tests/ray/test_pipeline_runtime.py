@@ -257,3 +257,30 @@ def test_layers_move_off_a_slow_stage_and_training_goes_on_exactly(runtime, refe
                       stage_s_before=(1.0,) * 3, stage_s_after=(1.0,) * 3)
     with pytest.raises(StateError, match="announce the runtime's layers"):
         runtime.apply_layer_move(stale)  # decided for cuts the runtime does not have
+
+
+def test_a_replica_that_slows_gets_less_work_at_the_next_step_with_replanning(runtime, reference_step):
+    """Through the scheduler actor, plans a step ahead: a replica EMULATED 20x slower from step 2 on. With
+    ``replan_on_shift`` step 3's plan is asked for again after step 2's latencies, so the slow replica gets
+    at most one of its stage's micro-batches at step 3; planned a step ahead on steps up to 1 (timing noise
+    only: ~1 ms actions on a shared machine) it would get two or three."""
+    from pdml_ray.config import OspreyConfig, PDMLConfig, PipelineConfig
+    from pdml_ray.runtime.pipeline_plans import ScheduledPlans
+
+    initial, x, y, _, _ = reference_step
+    runtime.set_parameters(initial)
+    slow = (1, 1)
+    plans = ScheduledPlans(PDMLConfig(pipeline=PipelineConfig(schedule="osprey", osprey=OspreyConfig(replan_on_shift=True))),
+                           stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    try:
+        results = []
+        for step in range(4):
+            if step == 2:
+                runtime.set_speed(*slow, 0.05)  # EMULATED: sleeps 19x its compute after every action
+            results.append(runtime.run_step(plans, x, y, step=step))
+    finally:
+        runtime.set_speed(*slow, 1.0)
+        plans.close()
+    counts = [r.forward_counts for r in results]
+    assert plans.replans >= 1 and counts[3][slow] <= 1 < counts[3][(1, 0)], (plans.replans, counts)
+    assert plans.fallbacks == 0 and runtime.replicas_identical()
