@@ -10,8 +10,9 @@ measurements arrive, so it sees measurements through step t - 2 — the one-step
 figure. Osprey re-plans a step after one that ran far from its plan's prediction
 (``OspreyConfig.replan_on_shift``, off by default until the drift target passes: full size it took
 drift from 0.885 to 0.853 of the best static order and left the other scenarios as they were); each
-cell lists the re-plans per seed (``osprey_replans_per_seed``), the steps that waited for planning. Where lengths vary (uneven, memory-cap) every schedule is told each step's micro-batch
-lengths before the step is planned (``simulate_schedule``; osprey through ``ScheduledPlans.tell_sizes``,
+cell lists the re-plans per seed (``osprey_replans_per_seed``), the steps that waited for planning.
+Where lengths vary (uneven, memory-cap) every schedule is told each step's micro-batch lengths before
+the step is planned (``simulate_schedule``; osprey through ``ScheduledPlans.tell_sizes``,
 a step ahead like its plans); static orders ignore them. A seed's makespan is the mean over steps ``SKIP_STEPS``.. (osprey's first two plans are its
 warm start); one record per scenario cell, with medians and the worst seed over seeds.
 

@@ -12,7 +12,8 @@ class OspreyDecision:
     """What osprey last decided and why. Fields come in groups, set together and None otherwise:
     warm start (``warm_start``); after each observed step (``step`` .. ``bottleneck_stage``); with
     lanes (``lanes`` .. ``rebalanced``); after each adaptive plan (``predicted_makespan_s`` ..
-    ``lane_microbatches``); ``predicted_busy_s`` with every plan issued. ``to_dict`` writes the groups that are set, in this order, for JSON logs."""
+    ``lane_microbatches``); ``predicted_busy_s`` with every plan issued. ``to_dict`` writes the groups
+    that are set, in this order, for JSON logs."""
 
     kind: Literal["warm-start", "adaptive"]
     """'warm-start' until the first measurement, then 'adaptive'."""

@@ -66,4 +66,3 @@ def replan_due(plan: Plan, record: Mapping | None, rows: Sequence[tuple], thresh
     if not threshold > 0.0 or not predicted:
         return False
     return busy_shift(plan, tuple((int(k), int(r), float(s)) for k, r, s in predicted), rows) > threshold
-

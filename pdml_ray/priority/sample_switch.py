@@ -34,8 +34,8 @@ standard error from its own terms' spread, and with P and U the priority and uni
 change: priority on turns off when ``D < 0`` with c = ``pay_threshold``, off turns on when ``D > 0``
 with c = ``pay_threshold * (1 + HYSTERESIS)`` and priority's own loss falls (``P`` as far above 0): where
 uniform's loss rose over its pairs (noise around a converged model), ``D > 0`` alone would turn priority
-on with nothing gained (it did, on a balanced control seed: a probe with gain 0 turned it on). Where the loss barely falls (a converged model) the
-rates are noise and nothing switches. Each switch is counted. A verdict that keeps the state doubles
+on with nothing gained (it did, on a balanced control seed: a probe with gain 0 turned it on). Where
+the loss barely falls (a converged model) the rates are noise and nothing switches. Each switch is counted. A verdict that keeps the state doubles
 the gap to the next probe (``MIN_GAP`` 4 up to ``MAX_GAP`` 32 intervals), a switch resets it: probes
 are frequent while the answer is in doubt and cost little once it is settled (a probe is 2 intervals
 in 2 + gap).

@@ -270,8 +270,8 @@ def test_a_replica_that_slows_gets_less_work_at_the_next_step_with_replanning(ru
     initial, x, y, _, _ = reference_step
     runtime.set_parameters(initial)
     slow = (1, 1)
-    plans = ScheduledPlans(PDMLConfig(pipeline=PipelineConfig(schedule="osprey", osprey=OspreyConfig(replan_on_shift=True))),
-                           stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
+    config = PDMLConfig(pipeline=PipelineConfig(schedule="osprey", osprey=OspreyConfig(replan_on_shift=True)))
+    plans = ScheduledPlans(config, stages=STAGES, replicas=REPLICAS, microbatches=MICROBATCHES)
     try:
         results = []
         for step in range(4):

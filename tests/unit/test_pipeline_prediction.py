@@ -17,7 +17,8 @@ def _plan(stage_rank=None) -> Plan:
     orders: dict[tuple[int, int], list[Action]] = {}
     for k in range(stages):
         key = (k if stage_rank is None else stage_rank[k], 0)
-        orders.setdefault(key, []).extend(Action(k, 0, kind, m) for m in range(2) for kind in (Kind.FORWARD, Kind.BACKWARD))
+        orders.setdefault(key, []).extend(Action(k, 0, kind, m) for m in range(2)
+                                          for kind in (Kind.FORWARD, Kind.BACKWARD))
     return Plan(stages, (1,) * stages, 2, {key: tuple(acts) for key, acts in orders.items()}, stage_rank=stage_rank)
 
 
