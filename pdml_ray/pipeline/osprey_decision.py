@@ -44,10 +44,11 @@ class OspreyDecision:
     """The candidate planned: a cap option's name or 'warm-start'."""
     lane_microbatches: tuple[int, ...] | None = None
     """Micro-batches per lane in the best cap option's plan; None without lanes (set with ``chosen``)."""
-    predicted_busy_s: tuple[tuple[int, int, float], ...] | None = None
-    """(rank, replica, seconds) per executor: its busy time under the plan issued last, predicted on the
-    estimates it was made with (``pdml_ray.pipeline.prediction``); what a runtime compares the step's
-    measured latencies with to decide whether the next plan, made a step ago, is made again."""
+    predicted_busy_s: tuple[tuple[int, int, str, float], ...] | None = None
+    """(rank, replica, kind, seconds) per executor and action kind: its busy time under the plan issued
+    last, predicted on the estimates it was made with (``pdml_ray.pipeline.prediction``); what a runtime
+    compares the step's measured latencies with to decide whether the next plan, made a step ago, is
+    made again."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form with the groups that are set; ``OspreyDecision.from_dict(d.to_dict()) == d``."""
@@ -89,4 +90,4 @@ class OspreyDecision:
                                                                              for k, v in predicted.items()),
                    chosen=data.get("chosen"), lane_microbatches=ints("lane_microbatches"),
                    predicted_busy_s=None if data.get("predicted_busy_s") is None else tuple(
-                       (int(k), int(r), float(t)) for k, r, t in data["predicted_busy_s"]))
+                       (int(k), int(r), str(kind), float(t)) for k, r, kind, t in data["predicted_busy_s"]))

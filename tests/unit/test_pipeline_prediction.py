@@ -25,23 +25,37 @@ def _plan(stage_rank=None) -> Plan:
 EST = [[(1.0, 2.0, 1.0, 1.0)], [(3.0, 6.0, 3.0, 3.0)]]  # [rank][replica] -> F, B, I, W seconds
 
 
-def test_predicted_busy_sums_each_executors_actions_on_the_estimates():
-    assert predicted_busy(_plan(), EST) == ((0, 0, 6.0), (1, 0, 18.0))  # 2 x (F + B) per rank
+def test_predicted_busy_sums_each_executors_actions_per_kind_on_the_estimates():
+    # 2 micro-batches of F (1 s at rank 0, 3 s at rank 1) and B (2 s, 6 s) per rank
+    assert predicted_busy(_plan(), EST) == ((0, 0, "F", 2.0), (0, 0, "B", 4.0), (1, 0, "F", 6.0), (1, 0, "B", 12.0))
     # the second micro-batch twice as costly at rank 0, half at rank 1 (its sizes told)
-    assert predicted_busy(_plan(), EST, [[1.0, 2.0], [1.0, 0.5]]) == ((0, 0, 9.0), (1, 0, 13.5))
+    assert predicted_busy(_plan(), EST, [[1.0, 2.0], [1.0, 0.5]]) == \
+        ((0, 0, "F", 3.0), (0, 0, "B", 6.0), (1, 0, "F", 4.5), (1, 0, "B", 9.0))
     # two chunks per rank (virtual stages 0 and 3 on rank 0): each chunk is half its rank's work
-    assert predicted_busy(_plan((0, 1, 1, 0)), EST) == ((0, 0, 6.0), (1, 0, 18.0))
+    assert predicted_busy(_plan((0, 1, 1, 0)), EST) == predicted_busy(_plan(), EST)
 
 
-def test_busy_shift_is_the_largest_relative_gap_over_executors():
+def _rows(f0: float, b0: float, f1: float, b1: float) -> list[tuple]:
+    """One step of ``_plan()``: F and B seconds per micro-batch at ranks 0 and 1."""
+    return [(k, 0, kind, m, t) for k, f, b in ((0, f0, b0), (1, f1, b1)) for kind, t in (("F", f), ("B", b))
+            for m in range(2)]
+
+
+def test_busy_shift_is_the_largest_shift_of_an_executor_whose_every_kind_moved_the_same_way():
     plan, predicted = _plan(), predicted_busy(_plan(), EST)
-    rows = [(0, 0, "F", m, 1.0) for m in range(2)] + [(0, 0, "B", m, 2.0) for m in range(2)]
-    rows += [(1, 0, "F", m, 6.0) for m in range(2)] + [(1, 0, "B", m, 12.0) for m in range(2)]  # rank 1 at half speed
-    assert busy_shift(plan, predicted, rows) == pytest.approx(1.0)
-    assert replan_due(plan, {"predicted_busy_s": [list(x) for x in predicted]}, rows, 0.45)
-    assert not replan_due(plan, {"predicted_busy_s": [list(x) for x in predicted]}, rows, 0.0)  # 0: off
-    assert not replan_due(plan, {}, rows, 0.45)  # a plan without a prediction (a static schedule's)
-    assert busy_shift(plan, predicted, rows[:4]) == 0.0  # rank 1 sent nothing: nothing to compare
+    record = {"predicted_busy_s": [list(x) for x in predicted]}
+    as_planned = _rows(1.0, 2.0, 3.0, 6.0)
+    assert busy_shift(plan, predicted, as_planned) == 0.0
+    halved = _rows(1.0, 2.0, 6.0, 12.0)  # rank 1 at half speed: F and B twice as long
+    assert busy_shift(plan, predicted, halved) == pytest.approx(1.0)
+    assert replan_due(plan, record, halved, 0.45)
+    assert busy_shift(plan, predicted, _rows(1.0, 2.0, 6.0, 9.0)) == pytest.approx(0.5)  # the smaller of the two
+    # one kind off (a pause in one backward, timing noise), or kinds moving apart: no shift
+    assert busy_shift(plan, predicted, _rows(1.0, 2.0, 3.0, 12.0)) == 0.0
+    assert busy_shift(plan, predicted, _rows(1.0, 2.0, 6.0, 3.0)) == 0.0
+    assert not replan_due(plan, record, halved, 0.0)  # 0: off
+    assert not replan_due(plan, {}, halved, 0.45)  # a plan without a prediction (a static schedule's)
+    assert busy_shift(plan, predicted, halved[:4]) == 0.0  # rank 1 sent nothing: nothing to compare
     assert busy_shift(plan, predicted, [(7, 0, "F", 0, 9.0)]) == 0.0  # a stage the plan does not have
 
 
