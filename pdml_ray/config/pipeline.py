@@ -58,9 +58,9 @@ class OspreyConfig:
     0.975 of the best static order to 0.890 and 0.913 (seeds 0, 1). 0 disables the jump."""
     replan_on_shift: bool = False
     """Re-plan a step when the step before it ran far from its plan's prediction: a runtime plans step
-    t+1 while step t runs, on measurements through t-1; where an executor's busy time in step t is more
-    than ``jump_threshold`` (relative) off what its plan predicted (``pdml_ray.pipeline.prediction``), the
-    runtime asks for step t+1's plan again, after step t's latencies, and waits for it. Only steps after
+    t+1 while step t runs, on measurements through t-1; where every action kind an executor ran in step t
+    took more than ``jump_threshold`` (relative) off what its plan predicted, the same way
+    (``pdml_ray.pipeline.prediction``), the runtime asks for step t+1's plan again, after step t's latencies, and waits for it. Only steps after
     a shift wait for planning; the runtimes count them (``replans``)."""
 
     def __post_init__(self) -> None:
