@@ -15,7 +15,7 @@
     bandit.py         the discounted-UCB bandit that tunes the gradient priority's weights
     pipeline.py       the pipeline axis: the configured schedule as a deriver, one ``MicroBatchPlan`` per step
     continuity.py     the continuity check: a collapsed (too flat / too peaked) distribution, recalibration
-    estimators.py     the one exponential moving average (osprey's latencies, sample scores)
+    estimators.py     the one exponential moving average (osprey's latencies, sample scores), a partition median
     sumtree.py        the sum-tree behind O(B log N) draws and updates
 
 Pure numpy/torch: nothing here imports ray.

@@ -11,6 +11,8 @@ smoothed rate cannot tell apart.) Both share one rule:
 ``values`` holds the prior (NaN unless given) until a slot is first observed; ``measured`` says
 which slots have been. Owners may also write ``values`` directly (a decay towards the mean, a
 recalibration): the EMA then continues from what they wrote.
+
+``median``: a partition median of a small array (the sample table's robust scale, every scored update).
 """
 
 from __future__ import annotations
@@ -56,3 +58,15 @@ class EMA:
                               "resume with the same number of workers (stages, samples)")
         self.values = values
         self.measured = np.asarray(state["measured"], dtype=bool).reshape(values.shape)
+
+
+def median(x: np.ndarray) -> float:
+    """The median of a non-empty 1-D float array by partition: ``np.median``'s value, at a fifth of its
+    cost on a few hundred values, and without its first call's import of ``numpy.ma`` (15 ms, which
+    landed inside the first scored update of a training run's sample table)."""
+    n = x.size
+    k = n // 2
+    if n % 2:
+        return float(np.partition(x, k)[k])
+    part = np.partition(x, (k - 1, k))
+    return 0.5 * (float(part[k - 1]) + float(part[k]))

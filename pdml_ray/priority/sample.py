@@ -60,7 +60,7 @@ from pdml_ray.errors import ConfigError, ReportError, StateError
 from pdml_ray.priority.base import GaugeValue
 from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, RunningSquares, RunningSum, dot,
                                           recalibrate_priorities)
-from pdml_ray.priority.estimators import EMA
+from pdml_ray.priority.estimators import EMA, median
 from pdml_ray.priority.sample_draws import SampleDraws
 from pdml_ray.priority.sample_modes import mode_rule
 from pdml_ray.priority.sample_switch import PaySwitch
@@ -381,7 +381,7 @@ class SamplePrioritizer(SampleDraws):
         ref = self.scores[sub[self.seen[sub]]]
         if ref.size < _SCALE_MIN_SEEN:
             ref = np.concatenate([ref, losses])
-        scale = float(np.median(ref))
+        scale = median(ref)
         if not scale > 0.0:
             scale = float(ref.mean())
         return min(CLIP_FACTOR * scale, self.max_loss) if scale > 0.0 else self.max_loss
