@@ -356,7 +356,8 @@ class OspreySchedule:
         warm = self._warm_plan(step)
         sizes = self.sizes.get(step)
         if sizes is not None and any(abs(s - 1.0) > 1e-9 for s in sizes):  # from the first step: within the cap
-            return self._issued(step, self._plan_sized(step, warm, sizes))
+            g = self.size_model.relative_cost(sizes)  # (stages, micro-batches)
+            return self._issued(step, self._plan_sized(step, warm, sizes, g), g)
         if self.steps_observed == 0:
             return self._issued(step, warm)
         S = self.stages
@@ -400,15 +401,15 @@ class OspreySchedule:
         return self._issued(step, Plan(S, self.replicas, self.microbatches, to_orders(best[2]), reorder=True,
                                  memory_limit=self.memory_limit, schedule=self.name))
 
-    def _plan_sized(self, step: int, warm: Plan, sizes: tuple[float, ...]) -> Plan:
+    def _plan_sized(self, step: int, warm: Plan, sizes: tuple[float, ...], g: np.ndarray) -> Plan:
         """The plan of a step whose micro-batch sizes were told. Candidates: osprey's lane plans per cap
         option built on each micro-batch's predicted cost (``SizeModel``; ``sizes.sized_lanes``), holding
         at most the memory limit in sizes; every static candidate; for the three predicted fastest of
         those, their micro-batches reordered (``orders_to_try``, '<name>~<order>'); and the warm start.
         All are predicted by the simulator on those costs and sizes, and the fastest that stays within
-        the memory limit is chosen (the one fewest replicas exceed, if none does)."""
+        the memory limit is chosen (the one fewest replicas exceed, if none does). ``g``: each micro-batch's
+        cost over a nominal one's per stage (``SizeModel.relative_cost(sizes)``)."""
         S, M = self.stages, self.microbatches
-        g = self.size_model.relative_cost(sizes)  # (stages, micro-batches)
         predictor = self._predictor(sizes, g)
         results: dict[str, tuple[int, float]] = {}  # label -> (replicas over the limit, makespan s)
         plans: dict[str, Plan] = {}
@@ -452,13 +453,13 @@ class OspreySchedule:
             lane_microbatches=None if own_counts[best_own] is None else tuple(own_counts[best_own] or ()))
         return dataclasses.replace(plans[choice], schedule=self.name)
 
-    def _issued(self, step: int, plan: Plan) -> Plan:
+    def _issued(self, step: int, plan: Plan, relative_cost: np.ndarray | None = None) -> Plan:
         """Remember the layout of the plan handed out for ``step``, so its measurements map back to stages,
-        and record what it predicts each executor is busy for (``OspreyDecision.predicted_busy_s``)."""
+        and record what it predicts each executor is busy for (``OspreyDecision.predicted_busy_s``; on the
+        step's ``relative_cost`` per micro-batch where it was planned on its sizes)."""
         self._layouts[step] = (plan.stage_rank, plan.num_stages // self.stages) \
             if plan.num_stages != self.stages and plan.stage_rank is not None else None
-        sizes = self.sizes.get(step)
-        cost = self.size_model.relative_cost(sizes).tolist() if sizes is not None else None
+        cost = relative_cost.tolist() if relative_cost is not None else None
         self.last_decision = dataclasses.replace(self.last_decision,
                                                  predicted_busy_s=predicted_busy(plan, self.est, cost))
         return plan
