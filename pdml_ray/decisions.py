@@ -335,6 +335,10 @@ class SamplePlan:
     """selective-backprop: the cluster's loss percentile (the ``1 - backprop_share`` quantile of the last
     losses the scheduler's table took from every worker); each worker backpropagates its samples at or
     above it. None: each worker's own percentile."""
+    feedback: bool = True
+    """Whether the table takes this step's per-sample losses. False while the pay switch has priority
+    draws off and no probe measures the step's interval: the table would skip them, so the worker
+    neither copies them off the device nor sends them (``PaySwitch.wants_losses``)."""
 
     def validate(self, batch_sizes: tuple[int, ...] | None = None, num_samples: int | None = None) -> None:
         """Raise PlanError unless every worker has a 1-D integer index array and a float weight array of

@@ -81,6 +81,7 @@ class Arm:
         self._plans: list = []               # plans drawn for the rest of the interval
         self._uniform: np.ndarray = np.empty(0, dtype=np.int64)  # uniform draws for the rest of the interval
         self._feedback: list[tuple] = []     # (indices, losses) of the interval's steps so far
+        self._step_s = 0.0                   # the interval's step seconds so far (without selection)
         self.rng = np.random.default_rng(seed + 1)
         self.batch = args.batch_size
         # everything of a step: sampling, weights, forward, backward, table updates; from step 0 it holds
@@ -96,7 +97,7 @@ class Arm:
         import torch.nn.functional as F
 
         t0 = time.perf_counter()
-        w = None
+        w, feedback = None, False
         if self.classes is not None:
             idx = class_balanced_draw(self.rng, self.classes, self.batch)
         elif self.sp is None:
@@ -109,13 +110,16 @@ class Arm:
             # As in the Ray Train path: at each interval boundary the table takes the interval's
             # losses in one update, then hands out the next interval's plans from one draw.
             if not self._plans:
+                if self._step_s:  # the pay switch's cost reference, once per interval as the deriver does
+                    self.sp.note_step_seconds(self._step_s / self.plan_ahead)
+                    self._step_s = 0.0
                 if self._feedback:
                     idx_all, loss_all = (np.concatenate(a) for a in zip(*self._feedback))
                     self.sp.update(idx_all, loss_all, step - 1)
                     self._feedback = []
                 self._plans = self.sp.plans(step, self.plan_ahead, [self.batch])
             plan = self._plans.pop(0)
-            idx, weights = plan.indices[0], plan.weights[0]
+            idx, weights, feedback = plan.indices[0], plan.weights[0], plan.feedback
             # sum(w l) / sum(w) as one dot product: w normalised here, one autograd op in the step; a
             # uniform plan (switched off, every weight 1) takes the plain mean, as the uniform arm does
             w = None if weights.min() == 1.0 else torch.from_numpy(weights / weights.sum())
@@ -136,8 +140,9 @@ class Arm:
         self.opt.step()
         t2 = time.perf_counter()
         if self.sp is not None:
-            self._feedback.append((idx, per_sample.detach().numpy()))
-            self.sp.note_step_seconds(t2 - t1)  # the pay switch's cost reference: the step without selection
+            if feedback:  # as ctx.step: only the losses the table asked for (the pay switch off: none)
+                self._feedback.append((idx, per_sample.detach().numpy()))
+            self._step_s += t2 - t1
             self.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
         self.train_s += time.perf_counter() - t0
 

@@ -130,8 +130,9 @@ class SampleStats:
     selection_seconds: float = 0.0
     """Wall time the table spent in plans and updates (draws, weights, scoring) (s)."""
     skipped_losses: int = 0
-    """Reported losses the table left out while the pay switch had priority draws off (outside the
-    intervals a probe measures): what keeps its cost low while off."""
+    """Losses the table did not ask for while the pay switch had priority draws off (outside the
+    intervals a probe measures): its plans' samples without ``SamplePlan.feedback`` (any reported
+    anyway are skipped). What keeps its cost low while off."""
 
     def summary_lines(self) -> list[str]:
         return [f"sample priorities ({self.mode}): draws {'by priority' if self.priority_on else 'uniform'}, "
@@ -286,8 +287,9 @@ class SamplePrioritizer(SampleDraws):
         ReportError before anything is written (``feedback_problem``). Under rho-loss the score is the
         loss minus the sample's irreducible loss. Returns the continuity verdict if a check ran at this
         step. Its wall time counts as selection cost (the pay switch's). While the pay switch has
-        priority draws off, losses outside the intervals a probe measures are checked and skipped
-        (``skipped_losses``; ``PaySwitch.wants_losses``).
+        priority draws off, the plans of intervals no probe measures ask for no losses
+        (``SamplePlan.feedback``, counted in ``skipped_losses``); any reported anyway are checked and
+        skipped (``PaySwitch.wants_losses``).
         """
         t0 = time.perf_counter()
         try:
@@ -317,8 +319,7 @@ class SamplePrioritizer(SampleDraws):
         if problem is not None:
             raise ReportError(f"update: {problem}")
         if not self.switch.wants_losses(step):  # priority off, no probe measuring: checked, nothing to score
-            self.skipped_losses += int(idx.size)
-            return None
+            return None  # (counted in skipped_losses when planned: the plan did not ask for them)
         ok = np.isfinite(loss)
         idx, loss = idx[ok], np.maximum(loss[ok], 0.0)
         if self.recent_losses is not None:

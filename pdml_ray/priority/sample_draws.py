@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from pdml_ray.config import SamplePriorityConfig
-from pdml_ray.decisions import MAX_STEP, SamplePlan
+from pdml_ray.decisions import MAX_STEP, SamplePlan, _integer as integer, _integers as integers
 from pdml_ray.errors import PlanError, shown
 from pdml_ray.priority.sample_modes import ModeRule
 from pdml_ray.priority.sample_switch import GAIN_ITEMS, PaySwitch, predicted_gain
@@ -71,6 +71,7 @@ class SampleDraws:
     tree: SumTree
     _unseen_list: np.ndarray
     unseen_count: int
+    skipped_losses: int
     max_score: float
     recal_mix: float
     recal_until: int
@@ -233,11 +234,8 @@ class SampleDraws:
         out once per decision interval. With replacement all of them come from one draw (one tree
         descent instead of one per step); the distribution, including the uniform mix, is the one in
         effect at ``first_step``, and beta is annealed per step."""
-        def integer(x: object) -> bool:
-            return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
         if not (isinstance(batch_sizes, (list, tuple, np.ndarray)) and len(batch_sizes) >= 1
-                and all(integer(b) and b >= 0 for b in batch_sizes)):
+                and integers(tuple(batch_sizes)) and min(batch_sizes) >= 0):
             raise PlanError(f"batch_sizes must be a non-empty sequence of integers >= 0 (one per worker), "
                             f"got {batch_sizes!r}")
         if not (integer(num_steps) and num_steps >= 1):
@@ -261,6 +259,9 @@ class SampleDraws:
             p_drawn = self.probabilities(drawn, first_step)
         bounds = [0, *itertools.accumulate(sizes)]  # worker i gets [bounds[i], bounds[i+1])
         threshold = self.backprop_threshold()
+        feedback = self.switch.wants_losses(first_step)  # one interval: one answer for all its steps
+        if not feedback:
+            self.skipped_losses += total * num_steps
         out = []
         for k in range(num_steps):
             if not prioritised:
@@ -278,7 +279,7 @@ class SampleDraws:
                 weights = weights.astype(np.float32)
             out.append(SamplePlan(step=first_step + k, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
                                   weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:])),
-                                  backprop_threshold=threshold))
+                                  backprop_threshold=threshold, feedback=feedback))
         self.samples_drawn += total * num_steps
         self._last_mix, self._last_beta = mix, self.beta(first_step + num_steps - 1) if prioritised else 0.0
         self.switch.record_selection(time.perf_counter() - t0, num_steps)

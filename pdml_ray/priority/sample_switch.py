@@ -41,9 +41,10 @@ are frequent while the answer is in doubt and cost little once it is settled (a 
 in 2 + gap).
 
 Cost while off. With priority draws off the table takes only the losses of the intervals a probe
-reads (``wants_losses``: the pair before the probe, the probe's pair and the pair after); the rest it
-checks and skips (counted, ``skipped_losses``), so while off it costs a uniform draw per interval and
-little else. The pair before a priority probe refreshes the scores it draws by, and scores kept up to
+reads (``wants_losses``: the pair before the probe, the probe's pair and the pair after). The plans
+of the other intervals say so (``SamplePlan.feedback`` False): the workers neither copy those losses
+off the device nor send them (counted, ``skipped_losses``), and the table skips any that come
+anyway, so while off it costs a uniform draw per interval and little else. The pair before a priority probe refreshes the scores it draws by, and scores kept up to
 date through the probe keep its A/B's control variate tight (measuring those intervals without
 writing their scores left a 2.6x gain short of significance in the unit test of a paying probe).
 

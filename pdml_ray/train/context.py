@@ -254,7 +254,7 @@ class PDMLContext:
                 sizes = [len(i) for i in plan.indices]
                 yield StepBatch(step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
                                 self.decision_at(step).version, plan.weights[self.rank], end_offset=k + 1,
-                                backprop_threshold=plan.backprop_threshold)
+                                backprop_threshold=plan.backprop_threshold, feedback=plan.feedback)
                 step += 1
 
     def _epoch_end(self, num_samples: int) -> int:
@@ -509,7 +509,7 @@ class PDMLContext:
         loss = float(per_sample.float().mean()) if per_sample is not None and per_sample.numel() else float("nan")
         grad_norm = float(u.grad_norm) if u.grad_norm is not None else float("nan")  # its kernel ran in backward
         sample_losses = None
-        if self.config.sample_priority is not None and per_sample is not None:
+        if self.config.sample_priority is not None and per_sample is not None and u.batch.feedback:
             sample_losses = per_sample.float().cpu().numpy()
         self._last_report = WorkerReport(
             worker_id=self.rank, step=step, samples=max(len(u.batch.indices), 0),

@@ -43,6 +43,7 @@ class StepBatch:
     sample_weights: np.ndarray | None = None  # float32 (b_i,) importance weights; None = uniform
     end_offset: int = 0  # position in the epoch once this step is done (a checkpoint resumes there)
     backprop_threshold: float | None = None  # selective-backprop: the cluster's percentile (None: this worker's)
+    feedback: bool = True  # whether the sample table wants this step's per-sample losses (``SamplePlan.feedback``)
 
 
 _OPEN_SCOPES: "weakref.WeakSet[StepScope]" = weakref.WeakSet()  # step blocks being run in this process

@@ -189,15 +189,46 @@ def test_while_off_the_table_takes_only_the_losses_a_probe_measures():
     n = 2000
     sp = SamplePrioritizer(n, SamplePriorityConfig(pay_threshold=1.0, unseen_score="mean"), seed=0)
     losses = np.random.default_rng(1).exponential(size=n)  # spread scores: the gate lets the probe run
-    taken = []
+    taken, asked = [], []
     for i in range(FIRST_PROBE + 2 * PROBE_LEN + 2):
         plans = sp.plans(i * STEPS, STEPS, [64])
+        asked.append({p.feedback for p in plans})
         idx = np.concatenate([p.indices[0] for p in plans])
-        before = sp.skipped_losses
-        sp.update(idx, losses[idx], i * STEPS + STEPS - 1)
-        taken.append(sp.skipped_losses == before)
+        before = sp.unseen_count
+        sp.update(idx, losses[idx], i * STEPS + STEPS - 1)  # sent even where not asked for: skipped
+        taken.append(sp.unseen_count < before)
     # the pair before the first probe (intervals 2, 3), the probe's (4, 5) and the pair after (6, 7)
-    assert taken == [False, False] + [True] * 2 * (PROBE_LEN + 1) + [False, False]
+    expected = [False, False] + [True] * 2 * (PROBE_LEN + 1) + [False, False]
+    assert taken == expected and asked == [{e} for e in expected]
     assert sp.stats().skipped_losses == 4 * STEPS * 64 and sp.stats().switches_on == 0
     with pytest.raises(ReportError, match="indices"):  # a skipped update still refuses bad input
         sp.update(np.array([n]), np.array([1.0]), 9 * STEPS)
+
+
+def test_a_worker_sends_no_losses_for_a_step_whose_plan_does_not_ask_for_them():
+    import dataclasses
+
+    import torch
+
+    from pdml_ray import NodePriorityConfig, PDMLConfig
+    from pdml_ray.train.context import PDMLContext
+
+    n = 2000
+    sp = SamplePrioritizer(n, SamplePriorityConfig(pay_threshold=1.0), seed=0)
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8),
+                        sample_priority=SamplePriorityConfig(pay_threshold=1.0))
+    ctx = PDMLContext(config, 0, 1, torch.device("cpu"), "CPU", None)
+    model = ctx.prepare_model(torch.nn.Linear(4, 1))
+    x = torch.randn(n, 4)
+    plans = sp.plans(0, 3, [8])  # interval 0: off, and no probe measures it
+    assert [p.feedback for p in plans] == [False] * 3 and sp.stats().skipped_losses == 24
+    plans[2] = dataclasses.replace(plans[2], feedback=True)  # as a plan of a measured interval
+    ctx._plans.update({p.step: p for p in plans})
+    sent = []
+    for batch in ctx.epoch(0, 3 * 8):
+        with ctx.step(batch) as step:
+            step.loss(model(x[batch.indices]).squeeze(1) ** 2).backward()
+        report = ctx._last_report
+        assert report.step == batch.step and report.samples == 8
+        sent.append(report.sample_losses is not None)
+    assert sent == [False, False, True]
