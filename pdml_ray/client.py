@@ -22,11 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from pdml_ray.decisions import Boundary, MicroBatchPlan, StepBundle, WorkerReport
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
+from pdml_ray.pipeline.prediction import replan_due
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +320,62 @@ class SchedulerClient:
             self._connected = False
             log.warning("scheduler unavailable (%s); training continues on the last decision", e)
             return None
+
+
+PLAN_TIMEOUT_S = 60.0
+"""Longest a pipeline runtime waits for a step's plan before it runs the newest one again."""
+
+
+class PlansAhead:
+    """The ``pipeline`` axis's plans through ``client``, each asked for one step ahead: taking step t's
+    (``take``) requests step t + 1's, which the scheduler derives while step t runs, so a plan rests on
+    latencies through the step before last. ``observed(rows)`` takes a step's latency rows as sent to
+    the scheduler: where they ran further than ``replan_threshold`` from the plan's prediction
+    (``pdml_ray.pipeline.prediction``; 0: never), the next step's plan is asked for again after them and
+    that step waits for it (``replans``). ``before_request(step)`` runs just before each request (the
+    step's micro-batch sizes go first). Both pipeline runtimes fetch through it: the Ray-actor runtime's
+    ``ScheduledPlans`` and rank 0 of a Ray Train pipeline run (``ScheduledStagePlans``)."""
+
+    def __init__(self, client: SchedulerClient, replan_threshold: float = 0.0,
+                 before_request: Callable[[int], None] | None = None) -> None:
+        self.client, self.replan_threshold, self.before_request = client, replan_threshold, before_request
+        self.decision: MicroBatchPlan | None = None
+        """The newest decision the scheduler sent."""
+        self.fallbacks = 0
+        """Steps whose plan did not come in time: the newest one runs again."""
+        self.replans = 0
+        """Steps whose plan was asked for again after the step before ran far from its prediction."""
+        self._requested: int | None = None
+
+    def take(self, step: int) -> MicroBatchPlan | None:
+        """Step ``step``'s decision, or None where it did not come within ``PLAN_TIMEOUT_S`` (``decision``
+        keeps the newest; a step without one is counted in ``fallbacks`` if there is one); then asks
+        for step ``step + 1``'s."""
+        if self._requested != step:  # the first step, a jump or a re-plan: nothing useful in flight
+            self.client.poll(PLAN_TIMEOUT_S)
+            self._request(step)
+        decision = self.client.poll_plan(PLAN_TIMEOUT_S)
+        if decision is not None:
+            self.decision = decision
+        elif self.decision is not None:
+            self.fallbacks += 1
+        self._request(step + 1)
+        return decision
+
+    def observed(self, rows: Sequence[tuple]) -> None:
+        """A step's latency rows (``(stage, replica, kind, microbatch, seconds)``), already sent: where
+        they ran far from the plan's prediction, the next step's plan is asked for again."""
+        d = self.decision
+        if d is not None and replan_due(d.plan, d.record, rows, self.replan_threshold):
+            self.replans += 1
+            self._requested = None  # take(step + 1) asks again, after these latencies
+
+    def _request(self, step: int) -> None:
+        if self.before_request is not None:  # before the request: the scheduler takes one caller's calls in order
+            self.before_request(step)
+        since = {"pipeline": self.decision.version} if self.decision is not None else {}
+        self.client.request(Boundary(step, 1, ()), since)
+        self._requested = step
 
 
 class ReportGather:

@@ -29,17 +29,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdml_ray.actors.scheduler_transport import RunScheduler
+from pdml_ray.client import PlansAhead
 from pdml_ray.config import PDMLConfig
-from pdml_ray.decisions import Boundary, MicroBatchPlan
+from pdml_ray.decisions import MicroBatchPlan
 from pdml_ray.errors import ConfigError, SchedulerUnavailableError
 from pdml_ray.pipeline.plan import DecisionRecord, Measurement, Plan
-from pdml_ray.pipeline.prediction import replan_due
 from pdml_ray.pipeline.rebalance import LayerMove
 from pdml_ray.pipeline.sizes import check_sizes
 from pdml_ray.scheduler import Scheduler
-
-PLAN_TIMEOUT_S = 60.0
-"""Longest ``plan`` waits for the scheduler's answer before it falls back to the newest plan."""
 
 
 class _Record:
@@ -77,15 +74,11 @@ class ScheduledPlans:
         self.wait_s = 0.0
         """Seconds the driver was blocked waiting for plans, summed over steps."""
         self.steps = 0
-        self.fallbacks = 0
-        """Steps that ran the newest plan again because the scheduler's answer did not come."""
-        self.replans = 0
-        """Steps whose plan was asked for again after the step before ran far from its prediction."""
         osprey = config.pipeline.osprey
-        self._replan_threshold = osprey.jump_threshold if osprey.replan_on_shift else 0.0
+        self.ahead = PlansAhead(self.client, osprey.jump_threshold if osprey.replan_on_shift else 0.0,
+                                before_request=self._send_sizes)
+        """The fetch one step ahead, and its counts (``fallbacks``, ``replans``)."""
         self.last_decision: DecisionRecord | None = None
-        self.decision: MicroBatchPlan | None = None
-        self._requested: int | None = None
         self._step = -1
 
     @property
@@ -103,35 +96,41 @@ class ScheduledPlans:
         than that are dropped."""
         self._sizes[int(step)] = check_sizes(sizes, self.microbatches)
 
-    def _request(self, step: int) -> None:
+    @property
+    def decision(self) -> MicroBatchPlan | None:
+        """The newest decision the scheduler sent."""
+        return self.ahead.decision
+
+    @property
+    def fallbacks(self) -> int:
+        """Steps that ran the newest plan again because the scheduler's answer did not come."""
+        return self.ahead.fallbacks
+
+    @property
+    def replans(self) -> int:
+        """Steps whose plan was asked for again after the step before ran far from its prediction."""
+        return self.ahead.replans
+
+    def _send_sizes(self, step: int) -> None:
+        """Step ``step``'s micro-batch sizes told, to the scheduler just before its plan is asked for."""
         sizes = self._sizes.pop(step, None)
         self._sizes = {t: v for t, v in self._sizes.items() if t > step}
-        if sizes is not None:  # before the request: the scheduler takes calls from one caller in order
+        if sizes is not None:
             self.client.observe("pipeline", step, [("size", m, s) for m, s in enumerate(sizes)])
-        since = {"pipeline": self.decision.version} if self.decision is not None else {}
-        self.client.request(Boundary(step, 1, ()), since)
-        self._requested = step
 
     def plan(self, step: int) -> Plan:
         """Step ``step``'s plan (requested one step ahead); step ``step + 1``'s is requested before it returns."""
         t0 = time.perf_counter()
-        if self._requested != step:  # the first step, or a jump: nothing useful in flight
-            self.client.poll(PLAN_TIMEOUT_S)
-            self._request(step)
-        decision = self.client.poll_plan(PLAN_TIMEOUT_S)
+        decision = self.ahead.take(step)
         if decision is not None:
-            self.decision = decision
             self.last_decision = _Record(dict(decision.record)) if decision.record is not None else None
-        elif self.decision is None:
+        if self.ahead.decision is None:
             raise SchedulerUnavailableError(f"no plan for step {step} from the pdml-ray scheduler (pipeline axis); "
                                             "check that its actor is alive (`pdml-ray status`)")
-        else:
-            self.fallbacks += 1
         self._step = step
-        self._request(step + 1)
         self.wait_s += time.perf_counter() - t0
         self.steps += 1
-        return self.decision.plan
+        return self.ahead.decision.plan
 
     def layer_move(self, step: int) -> LayerMove | None:
         """The layers that move between stages before step ``step`` (carried in its plan), or None."""
@@ -143,10 +142,7 @@ class ScheduledPlans:
         the plan's prediction (``replan_on_shift``), the next step's plan is asked for again after them."""
         rows = [(m.stage, m.replica, m.kind.value, m.microbatch, float(m.latency_s)) for m in measurements]
         self.client.observe("pipeline", self._step, rows)
-        if self.decision is not None and replan_due(self.decision.plan, self.decision.record, rows,
-                                                    self._replan_threshold):
-            self.replans += 1
-            self._requested = None  # plan(step + 1) asks again, after these latencies
+        self.ahead.observed(rows)
 
     def stats(self) -> Any:
         """The scheduler's stats record (its ``pipeline`` axis among them)."""

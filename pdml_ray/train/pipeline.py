@@ -61,12 +61,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pdml_ray.client import SchedulerClient
+from pdml_ray.client import PlansAhead, SchedulerClient
 from pdml_ray.config import PDMLConfig
-from pdml_ray.decisions import Boundary, MicroBatchPlan, WorkerReport
+from pdml_ray.decisions import WorkerReport
 from pdml_ray.errors import ConfigError, PDMLError, SchedulerUnavailableError, StateError, UsageError
 from pdml_ray.pipeline.plan import Plan
-from pdml_ray.pipeline.prediction import replan_due
 from pdml_ray.pipeline.registry import STATIC_SCHEDULES
 from pdml_ray.pipeline.torch_exec import TorchPlanRuntime, pipeline_stages
 from pdml_ray.state_format import check_scheduler_decisions, write_state
@@ -74,8 +73,6 @@ from pdml_ray.train.pipeline_latency import ActionTimer, LatencyRow, stage_laten
 from pdml_ray.train.pipeline_layout import PipelineLayout
 from pdml_ray.train.saved_state import SCHEDULER_STATE_FILE, open_saved_state
 
-PLAN_TIMEOUT_S = 60.0
-"""Longest rank 0 waits for a step's plan before it runs the newest plan it has again."""
 
 class ScheduledStagePlans:
     """Every step's plan from the scheduler's ``pipeline`` axis: rank 0 asks one step ahead, and
@@ -88,30 +85,35 @@ class ScheduledStagePlans:
         """``adaptive``: the schedule plans from measured latencies (osprey, auto), which ``observe`` sends;
         ``replan_threshold`` > 0: a step that ran further than that from its plan's prediction has the
         next step's plan asked for again (``OspreyConfig.replan_on_shift``, ``pdml_ray.pipeline.prediction``)."""
-        self.client, self.rank, self.device, self.adaptive = client, rank, device, adaptive
-        self.replan_threshold = replan_threshold
-        self.replans = 0
-        """Rank 0: steps whose plan was asked for again after the step before ran far from its prediction."""
+        self.rank, self.device, self.adaptive = rank, device, adaptive
         self.shape = {"stages": stages, "replicas": 1, "microbatches": microbatches}  # every replica runs it
-        self.decision: MicroBatchPlan | None = None
-        """Rank 0: the newest decision the scheduler sent."""
         self.plan: Plan | None = None
         """The plan every rank runs, as rank 0 broadcast it."""
         self.plan_changes = 0
         """Distinct plans run so far (a static schedule: 1); every rank counts the same."""
-        self.fallbacks = 0
-        """Rank 0: steps that ran the newest plan again because the scheduler's answer did not come."""
         self._newest: Plan | None = None  # rank 0: the newest decision's plan ...
         self._newest_count = 0  # ... and the count of distinct plans including it
-        self._requested: int | None = None
+        self.ahead: PlansAhead | None = None
+        """Rank 0: the fetch one step ahead, and its counts (``fallbacks``, ``replans``)."""
         if rank == 0:
             if client is None:
                 raise UsageError("rank 0 of a pipeline run plans through the run's scheduler: give it a SchedulerClient")
             client.set_shape("pipeline", self.shape)
+            self.ahead = PlansAhead(client, replan_threshold)
+
+    @property
+    def fallbacks(self) -> int:
+        """Rank 0: steps that ran the newest plan again because the scheduler's answer did not come."""
+        return self.ahead.fallbacks if self.ahead is not None else 0
+
+    @property
+    def replans(self) -> int:
+        """Rank 0: steps whose plan was asked for again after the step before ran far from its prediction."""
+        return self.ahead.replans if self.ahead is not None else 0
 
     def plan_for(self, step: int) -> Plan:
         """Step ``step``'s plan, on every rank (a collective: every rank calls it for every step)."""
-        if self.rank == 0:
+        if self.ahead is not None:
             self._fetch(step)
         flag = torch.tensor([self._newest_count], dtype=torch.int64, device=self.device)  # rank 0's counts
         shared = dist.is_initialized() and dist.get_world_size() > 1
@@ -138,34 +140,17 @@ class ScheduledStagePlans:
             dist.gather_object(rows, gathered if self.rank == 0 else None, dst=0)
         else:
             gathered = [rows]
-        if self.rank == 0 and self.client is not None:
+        if self.ahead is not None:
             observed = stage_latencies(gathered)
-            self.client.observe("pipeline", step, observed)
-            decision = self.decision
-            if decision is not None and replan_due(decision.plan, decision.record, observed, self.replan_threshold):
-                self.replans += 1
-                self._requested = None  # step + 1's plan is asked for again, after these latencies
+            self.ahead.client.observe("pipeline", step, observed)
+            self.ahead.observed(observed)
 
     def _fetch(self, step: int) -> None:
         """Rank 0: take step ``step``'s decision (asked for a step ago) and ask for step ``step + 1``'s."""
-        assert self.client is not None
-        if self._requested != step:  # the first step: nothing useful in flight
-            self.client.poll(PLAN_TIMEOUT_S)
-            self._request(step)
-        decision = self.client.poll_plan(PLAN_TIMEOUT_S)
-        if decision is not None:
-            self.decision = decision
-            if decision.plan != self._newest:
-                self._newest, self._newest_count = decision.plan, self._newest_count + 1
-        elif self.decision is not None:
-            self.fallbacks += 1
-        self._request(step + 1)
-
-    def _request(self, step: int) -> None:
-        assert self.client is not None
-        since = {"pipeline": self.decision.version} if self.decision is not None else {}
-        self.client.request(Boundary(step, 1, ()), since)
-        self._requested = step
+        assert self.ahead is not None
+        decision = self.ahead.take(step)
+        if decision is not None and decision.plan != self._newest:
+            self._newest, self._newest_count = decision.plan, self._newest_count + 1
 
 
 class PipelineParallel:
