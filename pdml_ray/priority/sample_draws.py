@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from pdml_ray.config import SamplePriorityConfig
-from pdml_ray.decisions import MAX_STEP, SamplePlan, _integer as integer, _integers as integers
+from pdml_ray.decisions import MAX_STEP, SamplePlan
 from pdml_ray.errors import PlanError, shown
 from pdml_ray.priority.sample_modes import ModeRule
 from pdml_ray.priority.sample_switch import GAIN_ITEMS, PaySwitch, predicted_gain
@@ -234,8 +234,11 @@ class SampleDraws:
         out once per decision interval. With replacement all of them come from one draw (one tree
         descent instead of one per step); the distribution, including the uniform mix, is the one in
         effect at ``first_step``, and beta is annealed per step."""
+        def integer(x: object) -> bool:
+            return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
         if not (isinstance(batch_sizes, (list, tuple, np.ndarray)) and len(batch_sizes) >= 1
-                and integers(tuple(batch_sizes)) and min(batch_sizes) >= 0):
+                and all(integer(b) and b >= 0 for b in batch_sizes)):
             raise PlanError(f"batch_sizes must be a non-empty sequence of integers >= 0 (one per worker), "
                             f"got {batch_sizes!r}")
         if not (integer(num_steps) and num_steps >= 1):

@@ -44,9 +44,10 @@ Cost while off. With priority draws off the table takes only the losses of the i
 reads (``wants_losses``: the pair before the probe, the probe's pair and the pair after). The plans
 of the other intervals say so (``SamplePlan.feedback`` False): the workers neither copy those losses
 off the device nor send them (counted, ``skipped_losses``), and the table skips any that come
-anyway, so while off it costs a uniform draw per interval and little else. The pair before a priority probe refreshes the scores it draws by, and scores kept up to
-date through the probe keep its A/B's control variate tight (measuring those intervals without
-writing their scores left a 2.6x gain short of significance in the unit test of a paying probe).
+anyway, so while off it costs a uniform draw per interval and little else. The pair before a
+priority probe refreshes the scores it draws by, and scores kept up to date through the probe keep
+its A/B's control variate tight (measuring those intervals without writing their scores left a 2.6x
+gain short of significance in the unit test of a paying probe).
 
 Start and gate. With a threshold the table starts with uniform draws (nothing is known to pay yet)
 and the first probe comes after ``FIRST_PROBE`` (4) intervals. A probe of priority draws is only run
