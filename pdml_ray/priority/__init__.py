@@ -6,10 +6,11 @@
     step_fit.py       that model: per-worker recency-weighted step-time lines and their uncertainty
     sample.py         sample priorities: the loss table (feedback, staleness, continuity, checkpoints)
     sample_draws.py   the table's drawing half: the distribution, draws, plans with importance weights
+    sample_stats.py   what the table reports (``SampleStats``: status line, gauges, stats)
     sample_deriver.py the scheduler's "sample" deriver around one table
     p3.py             P3's slice size and credit window, for both P3 runtimes (config, or the rule over the measured link)
     sample_modes.py   the sample modes' registry (importance, annealed, selective-backprop, rho-loss)
-    sample_switch.py  the pay switch: priority draws off while their predicted gain is below their cost
+    sample_switch.py  the pay switch: priority draws on only while a measured A/B against uniform draws shows they pay
     selective_backprop.py  Selective-Backprop's high-loss share, by the worker's or the cluster's percentile
     gradient.py       the gradient axis: which arrived gradients a straggler step applies, and how many
     bandit.py         the discounted-UCB bandit that tunes the gradient priority's weights

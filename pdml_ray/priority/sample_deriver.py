@@ -19,7 +19,8 @@ import numpy as np
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, NodeDecision, Rejection, SampleDecision, WorkerReport
 from pdml_ray.priority.base import Deriver
-from pdml_ray.priority.sample import SamplePrioritizer, SampleStats
+from pdml_ray.priority.sample import SamplePrioritizer
+from pdml_ray.priority.sample_stats import SampleStats
 
 
 class SamplePriorityDeriver(Deriver):

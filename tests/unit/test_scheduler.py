@@ -11,7 +11,7 @@ from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, WorkerRep
 from pdml_ray.errors import ReportError, StateError
 from pdml_ray.priority.node import NodeStats
 from pdml_ray.priority.registry import DERIVERS, enabled_derivers
-from pdml_ray.priority.sample import SampleStats
+from pdml_ray.priority.sample_stats import SampleStats
 from pdml_ray.scheduler import Scheduler
 
 
