@@ -329,8 +329,8 @@ PLAN_TIMEOUT_S = 60.0
 class PlansAhead:
     """The ``pipeline`` axis's plans through ``client``, each asked for one step ahead: taking step t's
     (``take``) requests step t + 1's, which the scheduler derives while step t runs, so a plan rests on
-    latencies through the step before last. ``observed(rows)`` takes a step's latency rows as sent to
-    the scheduler: where they ran further than ``replan_threshold`` from the plan's prediction
+    latencies through the step before last. ``observe(step, rows)`` sends a step's latency rows to the
+    scheduler; where they ran further than ``replan_threshold`` from the plan's prediction
     (``pdml_ray.pipeline.prediction``; 0: never), the next step's plan is asked for again after them and
     that step waits for it (``replans``). ``before_request(step)`` runs just before each request (the
     step's micro-batch sizes go first). Both pipeline runtimes fetch through it: the Ray-actor runtime's
@@ -362,9 +362,11 @@ class PlansAhead:
         self._request(step + 1)
         return decision
 
-    def observed(self, rows: Sequence[tuple]) -> None:
-        """A step's latency rows (``(stage, replica, kind, microbatch, seconds)``), already sent: where
-        they ran far from the plan's prediction, the next step's plan is asked for again."""
+    def observe(self, step: int, rows: Sequence[tuple]) -> None:
+        """Step ``step``'s latency rows (``(stage, replica, kind, microbatch, seconds)``) to the scheduler
+        (fire-and-forget); where they ran far from the plan's prediction, the next step's plan is asked
+        for again."""
+        self.client.observe("pipeline", step, rows)
         d = self.decision
         if d is not None and replan_due(d.plan, d.record, rows, self.replan_threshold):
             self.replans += 1

@@ -141,8 +141,7 @@ class ScheduledPlans:
         """The planned step's action latencies, to the scheduler (fire-and-forget). Where they ran far from
         the plan's prediction (``replan_on_shift``), the next step's plan is asked for again after them."""
         rows = [(m.stage, m.replica, m.kind.value, m.microbatch, float(m.latency_s)) for m in measurements]
-        self.client.observe("pipeline", self._step, rows)
-        self.ahead.observed(rows)
+        self.ahead.observe(self._step, rows)
 
     def stats(self) -> Any:
         """The scheduler's stats record (its ``pipeline`` axis among them)."""

@@ -141,9 +141,7 @@ class ScheduledStagePlans:
         else:
             gathered = [rows]
         if self.ahead is not None:
-            observed = stage_latencies(gathered)
-            self.ahead.client.observe("pipeline", step, observed)
-            self.ahead.observed(observed)
+            self.ahead.observe(step, stage_latencies(gathered))
 
     def _fetch(self, step: int) -> None:
         """Rank 0: take step ``step``'s decision (asked for a step ago) and ask for step ``step + 1``'s."""
