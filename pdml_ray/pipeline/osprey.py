@@ -32,8 +32,12 @@ measure -> derive -> decide, once per global step:
    (gpipe, 1f1b and all of torch's: split backward and two chunks per rank included, zero bubble, ZBV,
    DualPipeV, interleaved), and each torch order on osprey's lanes with micro-batch counts in
    proportion to the lanes' current speeds (``<name>@lanes``: routing across replicas while keeping
-   torch's order, W in its bubbles, within each pipeline). They are predicted by the simulator on the
-   EMA costs; one that would exceed the memory limit is no candidate.
+   torch's order, W in its bubbles, within each pipeline). With unequal lane counts, osprey's own
+   zero-bubble lanes too (``osprey-zb-v``, ``osprey-zb-loop``; ``pdml_ray.pipeline.chunked``): an
+   order over two chunks per rank with F, I and W list-scheduled for each lane's own costs and count,
+   within the memory limit, and the counts moved off the lane predicted last while that shortens the
+   step. They are predicted by the simulator on the EMA costs; one that would exceed the memory limit
+   is no candidate.
 7. Choice: the candidate with the shortest predicted makespan, the warm-start plan's in-order makespan
    included (greedy list scheduling is not optimal; with one replica per stage 1F1B's fixed
    alternation can beat it).
@@ -59,6 +63,7 @@ import numpy as np
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
 from pdml_ray.errors import StateError
+from pdml_ray.pipeline.chunked import ChunkedLanes
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
 from pdml_ray.pipeline.osprey_candidates import StaticCandidates
 from pdml_ray.pipeline.osprey_decision import OspreyDecision
@@ -110,6 +115,7 @@ class OspreySchedule:
         self._warm: PipelineSchedule | None = None  # the warm-start static schedule, built on first use
         self._candidates = StaticCandidates(stages, self.replicas, microbatches, self.pipeline_config) \
             if self.config.plans == "any" else None
+        self._chunked = ChunkedLanes(cap=self.memory_limit, transfer_s=self.pipeline_config.transfer_s)
         self._layouts: dict[int, tuple[tuple[int, ...], int] | None] = {}
         """step -> (stage_rank, chunks) of the plan issued for it when it had virtual stages (else None):
         its measurements map back to ranks (this scheduler's stages) at chunks x their latency. Plans
@@ -492,12 +498,21 @@ class OspreySchedule:
         return [int(c) for c in round_to_batch_sizes(list(target), self.microbatches)]
 
     def _static_candidates(self, lane_counts: Sequence[int] | None) -> dict[str, Plan]:
-        """label -> plan, with ``OspreyConfig.plans='any'`` (``StaticCandidates``); none with 'full-backward':
-        osprey's lane plans already are 1F1B's rule on its lanes, and each candidate costs a simulated step
-        to predict."""
+        """label -> plan, with ``OspreyConfig.plans='any'``: every static order and torch's orders on the
+        lanes (``StaticCandidates``) and, with unequal lane counts, osprey's own zero-bubble lanes on two
+        chunks per rank (``ChunkedLanes``: an order per lane made for its costs and count). None with
+        'full-backward': osprey's lane plans already are 1F1B's rule on its lanes, and each candidate
+        costs a simulated step to predict."""
         if self._candidates is None:
             return {}
-        return self._candidates.plans(lane_counts, self.lane_members)
+        out = self._candidates.plans(lane_counts, self.lane_members)
+        if lane_counts is not None and len(set(lane_counts)) > 1:
+            members = self.lane_members()
+            f, i, w = KIND_INDEX[Kind.FORWARD], KIND_INDEX[Kind.INPUT], KIND_INDEX[Kind.WEIGHT]
+            lane_costs = [[(c[f], c[i], c[w]) for k in range(self.stages) for c in [self.est[k][members[k][j]]]]
+                          for j in range(self.lanes)]
+            out.update(self._chunked.plans(lane_costs, lane_counts, members))
+        return out
 
     # ---- replay --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
