@@ -8,8 +8,9 @@ ahead (``ScheduledPlans``, in-process), free to choose split-backward and two-ch
 (``OspreyConfig(plans="any")``): the plan for step t is asked for before step t - 1's
 measurements arrive, so it sees measurements through step t - 2 — the one-step-old view is in every
 figure. Osprey re-plans a step after one that ran far from its plan's prediction
-(``OspreyConfig.replan_on_shift``, off by default until the drift target passes: full size it took
-drift from 0.885 to 0.853 of the best static order and left the other scenarios as they were); each
+(``OspreyConfig.replan_on_shift``, off by default: on the Ray-actor runtime's ~1 ms actions noise
+re-planned most steps; full size here it took drift from 0.885 to 0.853 of the best static order, and
+with osprey's own zero-bubble lanes to 0.837, and left the other scenarios as they were); each
 cell lists the re-plans per seed (``osprey_replans_per_seed``), the steps that waited for planning.
 Where lengths vary (uneven, memory-cap) every schedule is told each step's micro-batch lengths before
 the step is planned (``simulate_schedule``; osprey through ``ScheduledPlans.tell_sizes``,
