@@ -339,6 +339,11 @@ class SamplePlan:
     """Whether the table takes this step's per-sample losses. False while the pay switch has priority
     draws off and no probe measures the step's interval: the table would skip them, so the worker
     neither copies them off the device nor sends them (``PaySwitch.wants_losses``)."""
+    uniform: bool = False
+    """Every weight is 1 (the table drew uniformly): a worker may take the plain mean of the losses
+    without reading the weights (``validate`` checks that they are ones). The pay switch's off state
+    makes most plans uniform; a per-step check of the weights on the host (a numpy reduction after
+    the training step, its code cold) cost ~40 us a step in ``bench sampling``'s control."""
 
     def validate(self, batch_sizes: tuple[int, ...] | None = None, num_samples: int | None = None) -> None:
         """Raise PlanError unless every worker has a 1-D integer index array and a float weight array of
@@ -365,6 +370,8 @@ class SamplePlan:
                 raise PlanError(f"sample plan step {self.step}: worker {i} index out of [0, {num_samples})")
             if len(w) and not (np.all(np.isfinite(w)) and w.min() >= 0):
                 raise PlanError(f"sample plan step {self.step}: worker {i} has negative or non-finite weights")
+        if self.uniform and not all(bool(np.all(w == 1.0)) for w in self.weights):
+            raise PlanError(f"sample plan step {self.step}: marked uniform, but not every weight is 1")
         if self.backprop_threshold is not None and not (isinstance(self.backprop_threshold, (int, float))
                                                         and math.isfinite(self.backprop_threshold)):
             raise PlanError(f"sample plan step {self.step}: backprop_threshold must be a finite number or None, "
@@ -375,15 +382,17 @@ class SamplePlan:
         out = {"step": self.step, "indices": list(self.indices), "weights": list(self.weights)}
         if self.backprop_threshold is not None:
             out["backprop_threshold"] = self.backprop_threshold
+        if self.uniform:
+            out["uniform"] = True
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SamplePlan":
         """The plan ``to_dict`` wrote; PlanError unless it is well formed (``validate``)."""
         _check_fields(d, "sample plan", {"step": _integer, "indices": _sequence, "weights": _sequence},
-                      {"backprop_threshold": float})
+                      {"backprop_threshold": float, "uniform": bool})
         plan = cls(step=int(d["step"]), indices=tuple(d["indices"]), weights=tuple(d["weights"]),
-                   backprop_threshold=d.get("backprop_threshold"))
+                   backprop_threshold=d.get("backprop_threshold"), uniform=d.get("uniform", False))
         plan.validate()
         return plan
 

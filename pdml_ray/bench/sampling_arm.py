@@ -122,7 +122,7 @@ class Arm:
             idx, weights, feedback = plan.indices[0], plan.weights[0], plan.feedback
             # sum(w l) / sum(w) as one dot product: w normalised here, one autograd op in the step; a
             # uniform plan (switched off, every weight 1) takes the plain mean, as the uniform arm does
-            w = None if weights.min() == 1.0 else torch.from_numpy(weights / weights.sum())
+            w = None if plan.uniform else torch.from_numpy(weights / weights.sum())
         t1 = time.perf_counter()
         ti = torch.from_numpy(idx)
         if self.selector is not None:

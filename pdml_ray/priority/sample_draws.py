@@ -282,7 +282,7 @@ class SampleDraws:
                 weights = weights.astype(np.float32)
             out.append(SamplePlan(step=first_step + k, indices=tuple(indices[a:b] for a, b in zip(bounds, bounds[1:])),
                                   weights=tuple(weights[a:b] for a, b in zip(bounds, bounds[1:])),
-                                  backprop_threshold=threshold, feedback=feedback))
+                                  backprop_threshold=threshold, feedback=feedback, uniform=not prioritised))
         self.samples_drawn += total * num_steps
         self._last_mix, self._last_beta = mix, self.beta(first_step + num_steps - 1) if prioritised else 0.0
         self.switch.record_selection(time.perf_counter() - t0, num_steps)

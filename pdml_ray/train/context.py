@@ -254,7 +254,8 @@ class PDMLContext:
                 sizes = [len(i) for i in plan.indices]
                 yield StepBatch(step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
                                 self.decision_at(step).version, plan.weights[self.rank], end_offset=k + 1,
-                                backprop_threshold=plan.backprop_threshold, feedback=plan.feedback)
+                                backprop_threshold=plan.backprop_threshold, feedback=plan.feedback,
+                                uniform_weights=plan.uniform)
                 step += 1
 
     def _epoch_end(self, num_samples: int) -> int:
@@ -414,7 +415,7 @@ class PDMLContext:
         idx = rng.integers(0, self._num_samples, size=decision.global_batch_size)
         cuts = np.cumsum(decision.batch_sizes)[:-1]
         parts = tuple(np.split(idx, cuts))
-        return SamplePlan(step, parts, tuple(np.ones(len(p), dtype=np.float32) for p in parts))
+        return SamplePlan(step, parts, tuple(np.ones(len(p), dtype=np.float32) for p in parts), uniform=True)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:

@@ -44,6 +44,7 @@ class StepBatch:
     end_offset: int = 0  # position in the epoch once this step is done (a checkpoint resumes there)
     backprop_threshold: float | None = None  # selective-backprop: the cluster's percentile (None: this worker's)
     feedback: bool = True  # whether the sample table wants this step's per-sample losses (``SamplePlan.feedback``)
+    uniform_weights: bool = False  # every sample weight is 1 (``SamplePlan.uniform``): the loss skips the product
 
 
 _OPEN_SCOPES: "weakref.WeakSet[StepScope]" = weakref.WeakSet()  # step blocks being run in this process
@@ -208,8 +209,10 @@ class StepScope:
             # the chosen mean as a mean over b_i (``_weighted`` divides by b_i): scale by b_i / chosen
             scale = b / max(int(chosen.sum()), 1)
             per_sample_loss = torch.where(chosen, per_sample_loss * scale, torch.zeros_like(per_sample_loss))
-        # float(): half-precision losses meet float32 weights as the product used to promote them
+        # float(): half-precision losses meet float32 weights as the product used to promote them; a
+        # uniform plan's weights are ones: the float32 sum, without copying them to the device
         total = (per_sample_loss.sum() if w is None
+                 else per_sample_loss.float().sum() if self.batch.uniform_weights
                  else per_sample_loss.float() @ torch.as_tensor(w, device=per_sample_loss.device))
         return self._weighted(total, b)
 

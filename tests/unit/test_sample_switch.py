@@ -232,3 +232,47 @@ def test_a_worker_sends_no_losses_for_a_step_whose_plan_does_not_ask_for_them():
         assert report.step == batch.step and report.samples == 8
         sent.append(report.sample_losses is not None)
     assert sent == [False, False, True]
+
+
+def test_plans_drawn_uniformly_say_so_and_a_step_takes_their_plain_mean():
+    import dataclasses
+
+    import torch
+
+    from pdml_ray import NodePriorityConfig, PDMLConfig
+    from pdml_ray.decisions import SamplePlan
+    from pdml_ray.errors import PlanError
+    from pdml_ray.train.context import PDMLContext
+
+    n = 2000
+    sp = SamplePrioritizer(n, SamplePriorityConfig(pay_threshold=1.0, unseen_score="mean"), seed=0)
+    losses = np.random.default_rng(1).exponential(size=n)
+    marks = []
+    for i in range(FIRST_PROBE + 2 * PROBE_LEN + 2):
+        plans = sp.plans(i * STEPS, STEPS, [64])
+        marks += [(p.uniform, bool(np.all(p.weights[0] == 1.0))) for p in plans]
+        sp.update(np.concatenate([p.indices[0] for p in plans]), losses[np.concatenate([p.indices[0] for p in plans])],
+                  i * STEPS + STEPS - 1)
+    assert all(u == ones for u, ones in marks)  # uniform exactly where every weight is 1
+    assert 0 < sum(not u for u, _ in marks) < len(marks)  # the probe drew by priority, the rest uniformly
+    plan = sp.plans(10_000, 1, [8])[0]
+    assert plan.uniform and SamplePlan.from_dict(plan.to_dict()).uniform
+    with pytest.raises(PlanError, match="marked uniform"):
+        dataclasses.replace(plan, weights=(np.full(8, 0.5, dtype=np.float32),)).validate()
+    # a worker's step: the plain float32 sum of a uniform plan's losses, the same loss and gradient as the
+    # product with its ones
+    config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=8),
+                        sample_priority=SamplePriorityConfig(pay_threshold=1.0))
+    grads = []
+    for uniform in (True, False):
+        torch.manual_seed(0)
+        ctx = PDMLContext(config, 0, 1, torch.device("cpu"), "CPU", None)
+        model = ctx.prepare_model(torch.nn.Linear(4, 1))
+        x = torch.randn(n, 4)
+        ctx._plans.update({0: dataclasses.replace(plan, step=0, uniform=uniform)})
+        batch = next(iter(ctx.epoch(0, 8)))
+        assert batch.uniform_weights is uniform
+        with ctx.step(batch) as step:
+            step.loss(model(x[batch.indices]).squeeze(1) ** 2).backward()
+            grads.append(model.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
