@@ -14,7 +14,10 @@ on predicted per-rank costs, so each lane gets an order made for its own costs a
 - memory: a chunk's forward holds 1 / chunks of a stage's activation until its W completes (the
   simulator's unit); a forward starts only where the banker's test passes: after it, the micro-batches
   held at the rank can still finish their forwards there one by one, oldest first, within ``cap``.
-  A plain "held + 1 <= cap" lets the first chunk fill the cap and stall every later chunk.
+  A plain "held + 1 <= cap" lets the first chunk fill the cap and stall every later chunk. The test is
+  per rank, and across ranks it can still stall (seen with uneven sizes under a tight cap); such a lane
+  is scheduled again with every micro-batch's chunks reserved when it is admitted at a rank, which
+  never stalls but admits fewer (a lane of 9 on 8 ranks: 34.5 s against the banker's 32.5).
 
 The recorded execution is the plan's order (a witness that it runs without deadlock); ``lanes_plan``
 cuts a step into lanes as osprey does and validates the result.
@@ -23,6 +26,7 @@ cuts a step into lanes as osprey does and validates the result.
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Sequence
 
 from pdml_ray.errors import PlanError
@@ -48,27 +52,48 @@ def stage_ranks(ranks: int, chunks: int, layout: str) -> tuple[int, ...]:
 
 
 def chunked_order(costs: Sequence[Sequence[float]], n: int, *, chunks: int = 2, layout: str = "v",
-                  cap: float | None = None, transfer_s: float = 0.0) -> tuple[list[Order], float]:
+                  cap: float | None = None, transfer_s: float = 0.0, scale: Sequence[Sequence[float]] | None = None,
+                  sizes: Sequence[float] | None = None) -> tuple[list[Order], float]:
     """One pipeline's order over virtual stages and its predicted makespan (seconds).
 
-    ``costs[rank] = (forward_s, input_s, weight_s)`` of the rank's whole stage (a chunk costs 1 / chunks
-    of it); ``n`` micro-batches; ``cap``: activations a rank may hold, in whole-stage units (None:
-    unbounded); ``transfer_s``: between virtual stages on different ranks. O(A log A) for
-    A = 3 x chunks x ranks x n actions.
+    ``costs[rank] = (forward_s, input_s, weight_s)`` of the rank's whole stage for a nominal micro-batch
+    (a chunk costs 1 / chunks of it); ``n`` micro-batches, in priority order; ``cap``: activations a rank
+    may hold, in whole-stage units (None: unbounded); ``transfer_s``: between virtual stages on
+    different ranks. Micro-batches of known sizes: ``scale[rank][m]`` multiplies micro-batch m's costs at
+    that rank and ``sizes[m]`` is its activation in units of ``cap`` (one larger than the cap runs
+    alone). O(A log A) for A = 3 x chunks x ranks x n actions.
     """
+    if n < 1 or len(costs) < 1 or chunks < 1:
+        raise PlanError(f"chunked_order needs ranks, chunks and micro-batches >= 1, got {len(costs)}, {chunks}, {n}")
+    if cap is not None and cap < 1:
+        raise PlanError(f"activation cap {cap} holds less than one micro-batch")
+    args = (costs, n, chunks, stage_ranks(len(costs), chunks, layout), cap, transfer_s, scale, sizes)
+    out = _list_schedule(*args, banker=True)
+    if out is None:  # the banker's test is per rank: across ranks it can still stall (uneven sizes, a tight cap)
+        out = _list_schedule(*args, banker=False)
+    if out is None:  # reservations rule stalls out; a defect otherwise
+        raise PlanError(f"chunked_order stalled with every micro-batch's chunks reserved ({n} micro-batches)")
+    return out
+
+
+def _list_schedule(costs: Sequence[Sequence[float]], n: int, chunks: int, sr: tuple[int, ...], cap: float | None,
+                   transfer_s: float, scale: Sequence[Sequence[float]] | None, sizes: Sequence[float] | None, *,
+                   banker: bool) -> tuple[list[Order], float] | None:
+    """``chunked_order``'s run on one admission rule (None if it stalls): the banker's test, or (``banker``
+    False) a first chunk admitted only where all of its micro-batch's chunks at the rank fit beside the
+    reservations of the micro-batches held there, so that each can finish its forwards at every rank it
+    reached and the ones furthest along free memory everywhere (never stalls, admits fewer)."""
     R = len(costs)
     V = R * chunks
-    if n < 1 or R < 1 or chunks < 1:
-        raise PlanError(f"chunked_order needs ranks, chunks and micro-batches >= 1, got {R}, {chunks}, {n}")
-    if cap is not None and cap * chunks < chunks:
-        raise PlanError(f"activation cap {cap} holds less than one micro-batch")
-    sr = stage_ranks(R, chunks, layout)
     deps = dependency_table(V, split_backward=True)
     cost = {kind: [costs[sr[v]][i] / chunks for v in range(V)] for i, kind in enumerate((F, I, W))}
-    slots = None if cap is None else int(cap * chunks + 1e-9)  # chunk activations a rank may hold
+    size = [1.0] * n if sizes is None else [float(x) for x in sizes]
+    # chunk activations a rank may hold (a chunk's forward holds its micro-batch's size)
+    slots = None if cap is None else max(cap, max(size)) * chunks + 1e-9
     visits = [sr.count(r) for r in range(R)]
     ready: list[dict[Kind, list[tuple[int, int, int, int]]]] = [{F: [], I: [], W: []} for _ in range(R)]  # heaps
-    held = [0] * R
+    held = [0.0] * R
+    reserved = [0.0] * R  # per rank: the held micro-batches' activations, their later chunks' included
     started: list[dict[int, list[int]]] = [{} for _ in range(R)]  # rank -> {m: [forwards, weights]}, oldest first
     waiting: dict[tuple[int, Kind, int], int] = {}  # actions with several producers -> outputs still to arrive
     orders: list[Order] = [[] for _ in range(R)]
@@ -77,15 +102,17 @@ def chunked_order(costs: Sequence[Sequence[float]], n: int, *, chunks: int = 2, 
         """Banker's test: after m's next forward at r, can the held micro-batches finish their forwards there?"""
         if slots is None:
             return True
-        free = slots - held[r] - 1
+        if not banker:
+            return m in started[r] or reserved[r] + visits[r] * size[m] <= slots
+        free = slots - held[r] - size[m]
         if free < 0:
             return False
         mine = started[r].get(m)
         for x, (fw, wt) in list(started[r].items()) + ([] if mine is not None else [(m, [0, 0])]):
             fw += x == m
-            if visits[r] - fw > free:
+            if (visits[r] - fw) * size[x] > free:
                 return False
-            free += fw - wt  # it finishes and frees what it held
+            free += (fw - wt) * size[x]  # it finishes and frees what it held
         return True
 
     def make_ready(v: int, kind: Kind, m: int) -> None:
@@ -123,23 +150,22 @@ def chunked_order(costs: Sequence[Sequence[float]], n: int, *, chunks: int = 2, 
                         heap.remove(entry)
                         heapq.heapify(heap)
                         *_, v, m = entry
-                        started[r].setdefault(m, [0, 0])[0] += 1
-                        held[r] += 1
+                        if m not in started[r]:
+                            started[r][m] = [0, 0]
+                            reserved[r] += visits[r] * size[m]
+                        started[r][m][0] += 1
+                        held[r] += size[m]
                         pick = F
                         break
             if pick is None and ready[r][W]:
                 *_, v, m = heapq.heappop(ready[r][W])
-                state = started[r][m]
-                state[1] += 1
-                held[r] -= 1
-                if state[1] == visits[r]:
-                    del started[r][m]
                 pick = W
             if pick is None:
                 continue
             orders[r].append((v, pick, m))
             free_rank[r] = False
-            heapq.heappush(events, (now + cost[pick][v], seq, True, v, pick, m))
+            seconds = cost[pick][v] * (1.0 if scale is None else scale[sr[v]][m])
+            heapq.heappush(events, (now + seconds, seq, True, v, pick, m))
             seq += 1
         if not events:
             break
@@ -151,7 +177,15 @@ def chunked_order(costs: Sequence[Sequence[float]], n: int, *, chunks: int = 2, 
             if not completion:
                 arrive(v, kind, m)
                 continue
-            free_rank[sr[v]] = True
+            r = sr[v]
+            free_rank[r] = True
+            if kind is W:  # its activation is freed when it completes (as the simulator counts it)
+                state = started[r][m]
+                state[1] += 1
+                held[r] -= size[m]
+                reserved[r] -= size[m]
+                if state[1] == visits[r]:
+                    del started[r][m]
             for v2, kind2 in deps.consumers[v][kind]:
                 if transfer_s and sr[v2] != sr[v]:
                     heapq.heappush(events, (now + transfer_s, seq, False, v2, kind2, m))
@@ -159,16 +193,19 @@ def chunked_order(costs: Sequence[Sequence[float]], n: int, *, chunks: int = 2, 
                 else:
                     touched.add(sr[v2])
                     arrive(v2, kind2, m)
-    if sum(len(o) for o in orders) != 3 * V * n:  # the banker's test rules this out; a defect otherwise
-        raise PlanError(f"chunked_order stalled after {sum(len(o) for o in orders)} of {3 * V * n} actions")
+    if sum(len(o) for o in orders) != 3 * V * n:
+        return None
     return orders, now
 
 
 def lanes_plan(lane_orders: Sequence[Sequence[Order]], lane_microbatches: Sequence[Sequence[int]],
-               members: Sequence[Sequence[int]], *, chunks: int, layout: str, name: str = "") -> Plan:
+               members: Sequence[Sequence[int]], *, chunks: int, layout: str, name: str = "",
+               cap: float | None = None, sizes: Sequence[float] | None = None) -> Plan:
     """Lanes' orders (``chunked_order`` per lane, micro-batches numbered within the lane) as one plan:
     lane j runs on replica ``members[rank][j]`` of every rank and its i-th micro-batch is
-    ``lane_microbatches[j][i]``. Validated."""
+    ``lane_microbatches[j][i]``. The plan may reorder (osprey's dispatch) within the cap the orders were
+    made for: ``Plan.memory_limit`` counts each chunk's forward at its micro-batch's whole size, so the
+    cap (whole-stage units, raised to the largest of ``sizes``) becomes ``chunks`` x cap there. Validated."""
     ranks = len(members)
     lanes = len(lane_microbatches)
     sr = stage_ranks(ranks, chunks, layout)
@@ -177,9 +214,11 @@ def lanes_plan(lane_orders: Sequence[Sequence[Order]], lane_microbatches: Sequen
         for rank in range(ranks):
             r = members[rank][j]
             orders[(rank, r)] = tuple(Action(v, r, kind, ids[m]) for v, kind, m in lane_orders[j][rank]) if ids else ()
+    limit = None if cap is None else math.ceil(chunks * max(cap, max(sizes or (1.0,))) - 1e-9)
     plan = Plan(num_stages=ranks * chunks, replicas=(lanes,) * (ranks * chunks),
                 num_microbatches=sum(len(ids) for ids in lane_microbatches), orders=orders, stage_rank=sr,
-                reorder=True, schedule=name)
+                reorder=True, schedule=name, memory_limit=limit,
+                activation_sizes=None if sizes is None else tuple(float(x) for x in sizes))
     validate(plan)
     return plan
 
@@ -236,5 +275,42 @@ class ChunkedLanes:
                 given += c
             orders = [self._lane(layout, costs[j], c)[0] if c else [] for j, c in enumerate(n)]
             out[f"osprey-zb-{layout}"] = lanes_plan(orders, ids, members, chunks=self.chunks, layout=layout,
-                                                   name=f"osprey-zb-{layout}")
+                                                   name=f"osprey-zb-{layout}", cap=self.cap)
+        return out
+
+    def sized_plans(self, lane_costs: Sequence[Sequence[Sequence[float]]], sizes: Sequence[float],
+                    relative_cost: Sequence[Sequence[float]], members: Sequence[Sequence[int]]) -> dict[str, Plan]:
+        """label -> plan for a step whose micro-batch sizes are known, 'osprey-zb-<layout>-sized' per layout.
+        ``relative_cost[rank][m]`` scales micro-batch m's nominal costs (``SizeModel.relative_cost``).
+        Micro-batches go to lanes as osprey's own sized lanes send them (``sizes.sized_lanes``: the
+        longest first, to the lane whose predicted busy time ends lowest); each lane runs them in
+        whichever of ``sizes.orders_to_try`` its order finishes first, holding at most the cap in sizes."""
+        from pdml_ray.pipeline.sizes import orders_to_try
+
+        ranks, lanes = len(members), len(lane_costs)
+        cost = [sum(relative_cost[k][m] for k in range(ranks)) / ranks for m in range(len(sizes))]
+        periods = [max(sum(c) for c in lane) for lane in lane_costs]
+        load, mine = [0.0] * lanes, [[] for _ in range(lanes)]  # type: tuple[list[float], list[list[int]]]
+        for m in sorted(range(len(sizes)), key=lambda m: (-cost[m], m)):
+            j = min(range(lanes), key=lambda j: ((load[j] + cost[m]) * periods[j], j))
+            load[j] += cost[m]
+            mine[j].append(m)
+        out = {}
+        for layout in LAYOUTS:
+            orders, ids = [], []
+            for j in range(lanes):
+                best: tuple[float, list[int], list[Order]] | None = None
+                for order in orders_to_try([cost[m] for m in mine[j]]).values() if mine[j] else ():
+                    lane_ids = [mine[j][i] for i in order]
+                    got, span = chunked_order(lane_costs[j], len(lane_ids), chunks=self.chunks, layout=layout,
+                                              cap=self.cap, transfer_s=self.transfer_s,
+                                              scale=[[relative_cost[k][m] for m in lane_ids] for k in range(ranks)],
+                                              sizes=[sizes[m] for m in lane_ids])
+                    if best is None or span < best[0]:
+                        best = (span, lane_ids, got)
+                orders.append(best[2] if best is not None else [])
+                ids.append(best[1] if best is not None else [])
+            label = f"osprey-zb-{layout}-sized"
+            out[label] = lanes_plan(orders, ids, members, chunks=self.chunks, layout=layout, name=label, cap=self.cap,
+                                    sizes=sizes)
         return out

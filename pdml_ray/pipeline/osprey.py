@@ -445,7 +445,14 @@ class OspreySchedule:
                 own_counts[label] = None
         for label, candidate in self._static_candidates(self._lane_counts()).items():
             consider(label, candidate)
-        statics = sorted((x for x in results if x not in own_counts and results[x][0] == 0), key=lambda x: results[x][1])
+        if self._candidates is not None and self.lanes:  # osprey's zero-bubble lanes, on the predicted sizes
+            members = self.lane_members()
+            for label, candidate in self._chunked.sized_plans(self._split_lane_costs(members), sizes, g.tolist(),
+                                                              members).items():
+                consider(label, candidate)
+        # the three fastest static orders, their micro-batches reordered (osprey's own orders chose theirs)
+        statics = sorted((x for x in results if x not in own_counts and results[x][0] == 0
+                          and not x.startswith("osprey-zb")), key=lambda x: results[x][1])
         for label in statics[:3]:
             for name, order in orders_to_try(g.mean(axis=0).tolist()).items():
                 if name != "given":
@@ -508,11 +515,14 @@ class OspreySchedule:
         out = self._candidates.plans(lane_counts, self.lane_members)
         if lane_counts is not None and len(set(lane_counts)) > 1:
             members = self.lane_members()
-            f, i, w = KIND_INDEX[Kind.FORWARD], KIND_INDEX[Kind.INPUT], KIND_INDEX[Kind.WEIGHT]
-            lane_costs = [[(c[f], c[i], c[w]) for k in range(self.stages) for c in [self.est[k][members[k][j]]]]
-                          for j in range(self.lanes)]
-            out.update(self._chunked.plans(lane_costs, lane_counts, members))
+            out.update(self._chunked.plans(self._split_lane_costs(members), lane_counts, members))
         return out
+
+    def _split_lane_costs(self, members: Sequence[Sequence[int]]) -> list[list[tuple[float, float, float]]]:
+        """[lane][stage] -> (F, I, W) seconds of the lane's member there (``members[stage][lane]``)."""
+        f, i, w = KIND_INDEX[Kind.FORWARD], KIND_INDEX[Kind.INPUT], KIND_INDEX[Kind.WEIGHT]
+        return [[(c[f], c[i], c[w]) for k in range(self.stages) for c in [self.est[k][members[k][j]]]]
+                for j in range(self.lanes)]
 
     # ---- replay --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

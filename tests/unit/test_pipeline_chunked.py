@@ -98,3 +98,58 @@ def test_lanes_move_micro_batches_off_the_lane_predicted_last() -> None:
         theirs.append(result.makespan_s if result.memory_violations == 0 else float("inf"))
     assert ours < min(theirs)
     assert ours < sim.run_step(make_schedule("torch-zbv", stages=8, replicas=4, microbatches=32).plan(0)).makespan_s
+
+
+@pytest.mark.parametrize("layout", ["loop", "v"])
+def test_micro_batches_of_known_sizes_are_costed_and_held_by_size(layout: str) -> None:
+    import numpy as np
+
+    from pdml_ray.pipeline.sizes import KnownSizesSimulator
+
+    rng = np.random.default_rng(3)
+    sizes = rng.lognormal(-0.3, 0.8, size=10).clip(0.2, 1.8)  # and one above the cap of 2: the cap rises to it
+    sizes[4] = 2.6
+    relative = np.stack([sizes * (1.0 + 0.1 * k) for k in range(4)])  # (ranks, micro-batches)
+    orders, predicted = chunked_order([UNIT] * 4, 10, layout=layout, cap=2, scale=relative.tolist(),
+                                      sizes=sizes.tolist())
+    plan = _one_lane(orders, 4, 10, layout)
+    profile = dataclasses.replace(_profile(4, 2), forward_s=(1.0,) * 4, backward_s=(2.0,) * 4)
+    result = KnownSizesSimulator(profile, sizes, relative).run_step(plan)
+    assert result.makespan_s == pytest.approx(predicted)
+    assert max(result.peak_activation.values()) <= 2.6 + 1e-9  # the cap, raised to the largest micro-batch
+    unsized = chunked_order([UNIT] * 4, 10, layout=layout, cap=2)[1]
+    assert predicted != pytest.approx(unsized)  # the sizes were costed
+
+
+def test_osprey_plans_its_zero_bubble_lanes_on_told_sizes() -> None:
+    from pdml_ray.config import OspreyConfig, PipelineConfig
+    from pdml_ray.pipeline.scenarios import scenario_profile
+    from pdml_ray.pipeline.simulate import simulate_schedule
+
+    profile = scenario_profile("uneven", 4, 2, seed=0, steps=4)
+    o = make_schedule("osprey", stages=4, replicas=2, microbatches=16,
+                      config=PipelineConfig(memory_limit=profile.memory_limit, osprey=OspreyConfig(plans="any")))
+    simulate_schedule(o, PipelineSimulator(profile, 0), 4)
+    o.tell_sizes(4, PipelineSimulator(profile, 0).sequence_lengths(4, 16).tolist())
+    o.plan(4)
+    predicted = dict(o.last_decision.predicted_makespan_s)
+    assert {"osprey-zb-v-sized", "osprey-zb-loop-sized"} <= set(predicted)
+    assert not any(x.startswith("osprey-zb") and "~" in x for x in predicted)  # they chose their own order
+
+
+def test_a_lane_the_bankers_test_stalls_on_is_scheduled_with_reservations() -> None:
+    import numpy as np
+
+    from pdml_ray.pipeline.chunked import _list_schedule
+    from pdml_ray.pipeline.sizes import KnownSizesSimulator
+
+    # From osprey's memory-cap scenario (4 x 1, seed 0): a V-shaped lane of uneven sizes at a cap of 2,
+    # where the per-rank banker's test admits a micro-batch that another rank then waits on for ever.
+    sizes = [0.317, 0.348, 0.515, 0.817, 1.298, 0.902, 0.532, 0.417, 0.34]
+    scale = [[0.21, 0.235, 0.39, 0.742, 1.491, 0.857, 0.408, 0.295, 0.229]] * 4
+    args = ([UNIT] * 4, 9, 2, stage_ranks(4, 2, "v"), 2, 0.0, scale, sizes)
+    assert _list_schedule(*args, banker=True) is None
+    orders, predicted = chunked_order([UNIT] * 4, 9, layout="v", cap=2, scale=scale, sizes=sizes)
+    plan = lanes_plan([orders], [list(range(9))], [[0]] * 4, chunks=2, layout="v", cap=2, sizes=sizes)
+    result = KnownSizesSimulator(_profile(4, 2), sizes, np.array(scale)).run_step(plan)
+    assert result.makespan_s == pytest.approx(predicted) and result.memory_violations == 0
