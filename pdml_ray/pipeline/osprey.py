@@ -46,7 +46,8 @@ measure -> derive -> decide, once per global step:
    per-token + attention) instead of the median factors of step 1, and the step is planned on each
    micro-batch's predicted cost: lanes get micro-batches longest first by predicted busy time, each lane
    and the three fastest static candidates try a few micro-batch orders, every candidate is predicted
-   by the simulator on those costs, and the plan carries the sizes as activations
+   by the simulator on those costs (with ``plans='any'`` osprey's zero-bubble lanes too, built on the
+   sizes: ``ChunkedLanes.sized_plans``), and the plan carries the sizes as activations
    (``Plan.activation_sizes``), so the sum of held sizes stays within the memory limit.
 Before any measurement the plan is the static warm-start plan (``OspreyConfig.warm_start``).
 What was decided and why is a frozen ``OspreyDecision`` (``last_decision``), carried in every ``MicroBatchPlan``.
