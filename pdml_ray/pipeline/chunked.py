@@ -19,7 +19,7 @@ on predicted per-rank costs, so each lane gets an order made for its own costs a
   is scheduled again with every micro-batch's chunks reserved when it is admitted at a rank, which
   never stalls but admits fewer (a lane of 9 on 8 ranks: 34.5 s against the banker's 32.5).
 
-The recorded execution is the plan's order (a witness that it runs without deadlock); ``lanes_plan``
+The recorded execution is the plan's order (a witness that it runs without deadlock); ``lanes_to_plan``
 cuts a step into lanes as osprey does and validates the result.
 """
 
@@ -60,8 +60,8 @@ def chunked_order(costs: Sequence[Sequence[float]], n: int, *, chunks: int = 2, 
     (a chunk costs 1 / chunks of it); ``n`` micro-batches, in priority order; ``cap``: activations a rank
     may hold, in whole-stage units (None: unbounded); ``transfer_s``: between virtual stages on
     different ranks. Micro-batches of known sizes: ``scale[rank][m]`` multiplies micro-batch m's costs at
-    that rank and ``sizes[m]`` is its activation in units of ``cap`` (one larger than the cap runs
-    alone). O(A log A) for A = 3 x chunks x ranks x n actions.
+    that rank and ``sizes[m]`` is its activation in units of ``cap`` (a cap below the largest rises to
+    it). O(A log A) for A = 3 x chunks x ranks x n actions.
     """
     if n < 1 or len(costs) < 1 or chunks < 1:
         raise PlanError(f"chunked_order needs ranks, chunks and micro-batches >= 1, got {len(costs)}, {chunks}, {n}")
@@ -71,7 +71,7 @@ def chunked_order(costs: Sequence[Sequence[float]], n: int, *, chunks: int = 2, 
     out = _list_schedule(*args, banker=True)
     if out is None:  # the banker's test is per rank: across ranks it can still stall (uneven sizes, a tight cap)
         out = _list_schedule(*args, banker=False)
-    if out is None:  # reservations rule stalls out; a defect otherwise
+    if out is None:  # the reservation rule cannot stall: a defect if it does
         raise PlanError(f"chunked_order stalled with every micro-batch's chunks reserved ({n} micro-batches)")
     return out
 
@@ -198,7 +198,7 @@ def _list_schedule(costs: Sequence[Sequence[float]], n: int, chunks: int, sr: tu
     return orders, now
 
 
-def lanes_plan(lane_orders: Sequence[Sequence[Order]], lane_microbatches: Sequence[Sequence[int]],
+def lanes_to_plan(lane_orders: Sequence[Sequence[Order]], lane_microbatches: Sequence[Sequence[int]],
                members: Sequence[Sequence[int]], *, chunks: int, layout: str, name: str = "",
                cap: float | None = None, sizes: Sequence[float] | None = None) -> Plan:
     """Lanes' orders (``chunked_order`` per lane, micro-batches numbered within the lane) as one plan:
@@ -274,7 +274,7 @@ class ChunkedLanes:
                 ids.append(list(range(given, given + c)))
                 given += c
             orders = [self._lane(layout, costs[j], c)[0] if c else [] for j, c in enumerate(n)]
-            out[f"osprey-zb-{layout}"] = lanes_plan(orders, ids, members, chunks=self.chunks, layout=layout,
+            out[f"osprey-zb-{layout}"] = lanes_to_plan(orders, ids, members, chunks=self.chunks, layout=layout,
                                                    name=f"osprey-zb-{layout}", cap=self.cap)
         return out
 
@@ -283,18 +283,13 @@ class ChunkedLanes:
         """label -> plan for a step whose micro-batch sizes are known, 'osprey-zb-<layout>-sized' per layout.
         ``relative_cost[rank][m]`` scales micro-batch m's nominal costs (``SizeModel.relative_cost``).
         Micro-batches go to lanes as osprey's own sized lanes send them (``sizes.sized_lanes``: the
-        longest first, to the lane whose predicted busy time ends lowest); each lane runs them in
+        longest first, to the lane whose predicted busy time ends lowest: ``sizes.lanes_by_load``); each lane runs them in
         whichever of ``sizes.orders_to_try`` its order finishes first, holding at most the cap in sizes."""
-        from pdml_ray.pipeline.sizes import orders_to_try
+        from pdml_ray.pipeline.sizes import lanes_by_load, orders_to_try
 
         ranks, lanes = len(members), len(lane_costs)
         cost = [sum(relative_cost[k][m] for k in range(ranks)) / ranks for m in range(len(sizes))]
-        periods = [max(sum(c) for c in lane) for lane in lane_costs]
-        load, mine = [0.0] * lanes, [[] for _ in range(lanes)]  # type: tuple[list[float], list[list[int]]]
-        for m in sorted(range(len(sizes)), key=lambda m: (-cost[m], m)):
-            j = min(range(lanes), key=lambda j: ((load[j] + cost[m]) * periods[j], j))
-            load[j] += cost[m]
-            mine[j].append(m)
+        mine = lanes_by_load(cost, [max(sum(c) for c in lane) for lane in lane_costs])
         out = {}
         for layout in LAYOUTS:
             orders, ids = [], []
@@ -311,6 +306,6 @@ class ChunkedLanes:
                 orders.append(best[2] if best is not None else [])
                 ids.append(best[1] if best is not None else [])
             label = f"osprey-zb-{layout}-sized"
-            out[label] = lanes_plan(orders, ids, members, chunks=self.chunks, layout=layout, name=label, cap=self.cap,
+            out[label] = lanes_to_plan(orders, ids, members, chunks=self.chunks, layout=layout, name=label, cap=self.cap,
                                     sizes=sizes)
         return out

@@ -132,6 +132,19 @@ def relabel(plan: Plan, order: Sequence[int]) -> Plan:
     return dataclasses.replace(plan, orders=orders)
 
 
+def lanes_by_load(cost: Sequence[float], periods: Sequence[float]) -> list[list[int]]:
+    """Micro-batches of relative ``cost`` over lanes of ``periods`` (seconds per nominal micro-batch):
+    the longest first, each to the lane whose predicted busy time (its costs summed, times its period)
+    ends lowest. Per lane, its micro-batches."""
+    load: list[float] = [0.0] * len(periods)
+    mine: list[list[int]] = [[] for _ in periods]
+    for m in sorted(range(len(cost)), key=lambda m: (-cost[m], m)):
+        j = min(range(len(periods)), key=lambda j: ((load[j] + cost[m]) * periods[j], j))
+        load[j] += cost[m]
+        mine[j].append(m)
+    return mine
+
+
 def sized_lanes(lane_costs: Sequence[tuple[Sequence[float], Sequence[float]]], caps: Sequence[float],
                 sizes: Sequence[float], relative_cost: np.ndarray, transfer_s: float = 0.0
                 ) -> tuple[list[list[list[tuple[Kind, int]]]], float, list[int]]:
@@ -145,15 +158,9 @@ def sized_lanes(lane_costs: Sequence[tuple[Sequence[float], Sequence[float]]], c
     whichever of ``orders_to_try`` its list-scheduled run (1F1B's rule) finishes first, holding at most
     ``caps`` (per stage) in sizes; a micro-batch larger than a cap runs there alone.
     """
-    S, M, L = relative_cost.shape[0], len(sizes), len(lane_costs)
+    S, L = relative_cost.shape[0], len(lane_costs)
     cost = relative_cost.mean(axis=0).tolist()  # (M,): relative cost over the stages
-    periods = [max(f + b for f, b in zip(*lane_costs[j])) for j in range(L)]
-    load: list[float] = [0.0] * L  # per lane: relative costs summed
-    mine: list[list[int]] = [[] for _ in range(L)]  # per lane: its micro-batches
-    for m in sorted(range(M), key=lambda m: (-cost[m], m)):
-        j = min(range(L), key=lambda j: ((load[j] + cost[m]) * periods[j], j))
-        load[j] += cost[m]
-        mine[j].append(m)
+    mine = lanes_by_load(cost, [max(f + b for f, b in zip(*lane_costs[j])) for j in range(L)])
     caps = [max(c, max(sizes)) for c in caps]
     scale = relative_cost.tolist()
     out: list[list[list[tuple[Kind, int]]]] = [[[] for _ in range(S)] for _ in range(L)]

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from pdml_ray.errors import PlanError
-from pdml_ray.pipeline.chunked import ChunkedLanes, chunked_order, lanes_plan, stage_ranks
+from pdml_ray.pipeline.chunked import ChunkedLanes, chunked_order, lanes_to_plan, stage_ranks
 from pdml_ray.pipeline.plan import Kind
 from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
@@ -23,7 +23,7 @@ def _profile(ranks: int, cap: float | None, slow: int | None = None) -> ClusterP
 
 
 def _one_lane(orders: list, ranks: int, n: int, layout: str):  # type: ignore[no-untyped-def]
-    return lanes_plan([orders], [list(range(n))], [[0]] * ranks, chunks=2, layout=layout)
+    return lanes_to_plan([orders], [list(range(n))], [[0]] * ranks, chunks=2, layout=layout)
 
 
 def test_layouts_map_virtual_stages_to_ranks() -> None:
@@ -89,12 +89,12 @@ def test_lanes_move_micro_batches_off_the_lane_predicted_last() -> None:
     sim = PipelineSimulator(profile)
     ours = min(sim.run_step(p).makespan_s for p in plans.values())
     assert all(sim.run_step(p).memory_violations == 0 for p in plans.values())
-    from pdml_ray.pipeline.torch_orders import lanes_plan as torch_lanes
+    from pdml_ray.pipeline.torch_orders import lanes_plan
 
     ids = [list(range(0, 5)), list(range(5, 14)), list(range(14, 23)), list(range(23, 32))]
     theirs = []
     for cls in ("ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"):
-        result = sim.run_step(torch_lanes(cls, 8, ids, members, 2))
+        result = sim.run_step(lanes_plan(cls, 8, ids, members, 2))
         theirs.append(result.makespan_s if result.memory_violations == 0 else float("inf"))
     assert ours < min(theirs)
     assert ours < sim.run_step(make_schedule("torch-zbv", stages=8, replicas=4, microbatches=32).plan(0)).makespan_s
@@ -150,6 +150,6 @@ def test_a_lane_the_bankers_test_stalls_on_is_scheduled_with_reservations() -> N
     args = ([UNIT] * 4, 9, 2, stage_ranks(4, 2, "v"), 2, 0.0, scale, sizes)
     assert _list_schedule(*args, banker=True) is None
     orders, predicted = chunked_order([UNIT] * 4, 9, layout="v", cap=2, scale=scale, sizes=sizes)
-    plan = lanes_plan([orders], [list(range(9))], [[0]] * 4, chunks=2, layout="v", cap=2, sizes=sizes)
+    plan = lanes_to_plan([orders], [list(range(9))], [[0]] * 4, chunks=2, layout="v", cap=2, sizes=sizes)
     result = KnownSizesSimulator(_profile(4, 2), sizes, np.array(scale)).run_step(plan)
     assert result.makespan_s == pytest.approx(predicted) and result.memory_violations == 0
