@@ -19,7 +19,7 @@ The modules:
     listsched.py     greedy list scheduling on predicted costs
     dispatch.py      the one dispatch rule of the simulator and the runtime
     simulate.py      the discrete-event simulator
-    sizes.py         micro-batch sizes told before a step: a per-stage cost model over them, micro-batch orders
+    sizes.py         micro-batch sizes told before a step: a per-stage cost model, micro-batch orders, cost factors
     scenarios.py     non-stationary scenarios as profiles: drift, uneven micro-batches, late transfers, a memory cap, a slow stage
     faults.py        lost replicas as data: re-routing and plans on the survivors
     partition.py     a sequential model cut into stages balanced by parameter count (or measured stage speeds)

@@ -70,16 +70,11 @@ from pdml_ray.pipeline.osprey_candidates import StaticCandidates
 from pdml_ray.pipeline.osprey_decision import OspreyDecision
 from pdml_ray.pipeline.plan import KIND_INDEX, Kind, Measurement, PipelineSchedule, Plan, check_state
 from pdml_ray.pipeline.prediction import predicted_busy
-from pdml_ray.pipeline.sizes import (KnownSizesSimulator, SizeModel, check_sizes, orders_to_try, relabel, sized_lanes,
-                                     uneven)
+from pdml_ray.pipeline.sizes import (SizeModel, check_sizes, estimates_simulator, orders_to_try, relabel,
+                                     relative_costs, sized_lanes)
 from pdml_ray.pipeline.static import DEFAULT_BACKWARD_S, DEFAULT_FORWARD_S
 from pdml_ray.priority.estimators import EMA
 
-
-UNEVEN_SPREAD = 0.25
-"""Coefficient of variation across a step's micro-batch cost factors below which they are taken as
-equal: per-action noise of 20% gives factor estimates that spread by about a tenth, long-tailed
-sequence lengths by far more."""
 
 MAX_TOLD_STEPS = 8
 """Steps ahead whose micro-batch sizes osprey keeps (a runtime tells one or two steps ahead)."""
@@ -154,7 +149,9 @@ class OspreySchedule:
                  x.microbatch, x.latency_s * chunks) for x in measurements]
         current = self.latency.values
         squares: dict[tuple[int, int, int], float] = {}  # sum of squared seconds per slot: the step's spread
-        divisors = self._relative_costs(rows, current, self.sizes.get(observed) if observed is not None else None)
+        divisors = relative_costs([(k, m) for k, _, _, m, _ in rows],
+                                  [t / max(1e-12, current[self._first[k] + r][i]) for k, r, i, _, t in rows],
+                                  self.sizes.get(observed) if observed is not None else None, self.size_model)
         for (k, r, i, m, t), divisor in zip(rows, divisors):
             acc = sums.setdefault((k, r, i), [0.0, 0])
             x = t / max(1e-12, divisor)
@@ -210,36 +207,6 @@ class OspreySchedule:
         self.est = self._est_view(values)
         self.steps_observed += 1
         self._reweight()
-
-    def _relative_costs(self, rows: Sequence[tuple[int, int, int, int, float]], current: np.ndarray,
-                        sizes: tuple[float, ...] | None) -> list[float]:
-        """Per measurement row (stage, replica, kind index, micro-batch, seconds): its micro-batch's cost at
-        that stage over a nominal micro-batch's, which the row is divided by so that the estimates learn
-        each replica's speed, not which micro-batches it happened to get.
-
-        With the step's sizes told (``tell_sizes``) and uneven, the per-stage size model is refitted on
-        the rows and gives the ratio (``pdml_ray.pipeline.sizes``). Without them, a micro-batch's factor
-        is its median ratio to the estimates over the stages (its sequence length is shared by every
-        stage), normalised to mean one over the step; it needs measurements on three or more stages, so
-        that one slow replica on its path does not move the median, and factors spread less than
-        ``UNEVEN_SPREAD`` are taken as equal (noise)."""
-        ratio = [t / max(1e-12, current[self._first[k] + r][i]) for k, r, i, _, t in rows]
-        if sizes is not None and uneven(sizes) and rows:
-            stage = np.array([k for k, *_ in rows])
-            size = np.array([sizes[m] for _, _, _, m, _ in rows])
-            self.size_model.update(stage, size, np.array(ratio))
-            g = self.size_model.relative_cost(sizes).tolist()  # [stage][micro-batch]
-            return [g[k][m] for k, _, _, m, _ in rows]
-        ratios: dict[int, list[float]] = {}
-        if self.stages >= 3:
-            for (_, _, _, m, _), x in zip(rows, ratio):
-                ratios.setdefault(m, []).append(x)
-        factor = {m: float(np.median(v)) for m, v in ratios.items()}
-        spread = float(np.std(list(factor.values())) / np.mean(list(factor.values()))) if factor else 0.0
-        if spread < UNEVEN_SPREAD:  # micro-batches about equal: their estimated factors would only add noise
-            return [1.0] * len(rows)
-        mean = sum(factor.values()) / len(factor)
-        return [factor[m] / mean for _, _, _, m, _ in rows]
 
     # ---- derive --------------------------------------------------------------------------------
     def _period(self, k: int, r: int) -> float:
@@ -479,21 +446,9 @@ class OspreySchedule:
         return plan
 
     def _predictor(self, sizes: Sequence[float] | None = None, relative_cost: np.ndarray | None = None) -> Any:
-        """A noiseless simulator of the EMA costs: per stage the fastest replica's F, B and I : W split,
-        the others as speeds relative to it (F + B seconds); with a step's ``sizes`` told, each
-        micro-batch's costs scaled by its ``relative_cost`` per stage and its activation its size."""
-        from pdml_ray.pipeline.simulate import ClusterProfile, PipelineSimulator
-
-        fastest = [min(self.est[k], key=lambda c: c[0] + c[1]) for k in range(self.stages)]
-        speeds = tuple(tuple((f[0] + f[1]) / (c[0] + c[1]) for c in self.est[k]) for k, f in enumerate(fastest))
-        split = sum(f[3] for f in fastest) / max(1e-12, sum(f[2] + f[3] for f in fastest))
-        profile = ClusterProfile(stages=self.stages, replicas=self.replicas, forward_s=tuple(f[0] for f in fastest),
-                                 backward_s=tuple(f[1] for f in fastest), speeds=speeds,
-                                 weight_fraction=min(1.0, max(0.0, split)), memory_limit=self.memory_limit,
-                                 transfer_s=self.pipeline_config.transfer_s)
-        if sizes is None or relative_cost is None:
-            return PipelineSimulator(profile)
-        return KnownSizesSimulator(profile, sizes, relative_cost)
+        """A noiseless simulator of the EMA costs (``sizes.estimates_simulator``), on a step's told sizes."""
+        return estimates_simulator(self.est, self.replicas, self.memory_limit, self.pipeline_config.transfer_s,
+                                   sizes, relative_cost)
 
     def _lane_counts(self) -> list[int] | None:
         """Micro-batches per lane in proportion to the lanes' current speeds (1 / period; no momentum: a

@@ -199,3 +199,58 @@ class KnownSizesSimulator(PipelineSimulator):
         p = self.profile
         base = np.stack([np.asarray(p.forward_s), np.asarray(p.backward_s)], axis=1)[:, :, None]  # (S, 2, 1)
         return split_backward_work(base * self._relative[:, None, :], p.weight_fraction)
+
+
+UNEVEN_SPREAD = 0.25
+"""Coefficient of variation across a step's micro-batch cost factors below which they are taken as
+equal: per-action noise of 20% gives factor estimates that spread by about a tenth, long-tailed
+sequence lengths by far more."""
+
+
+def relative_costs(rows: Sequence[tuple[int, int]], ratio: Sequence[float], sizes: Sequence[float] | None,
+                   size_model: SizeModel) -> list[float]:
+    """Per measurement (its (stage, micro-batch) in ``rows``, its seconds over the current estimate in
+    ``ratio``): its micro-batch's cost at that stage over a nominal micro-batch's, which osprey divides the
+    measurement by so that its estimates learn each replica's speed, not which micro-batches it happened
+    to get.
+
+    With the step's sizes told and uneven, ``size_model`` is refitted on the rows and gives the ratio.
+    Without them, a micro-batch's factor is its median ratio over the stages (its sequence length is
+    shared by every stage), normalised to mean one over the step; it needs measurements on three or more
+    stages (``size_model.stages``), so that one slow replica on its path does not move the median, and
+    factors spread less than ``UNEVEN_SPREAD`` are taken as equal (noise)."""
+    if sizes is not None and uneven(sizes) and rows:
+        stage = np.array([k for k, _ in rows])
+        size = np.array([sizes[m] for _, m in rows])
+        size_model.update(stage, size, np.array(ratio))
+        g = size_model.relative_cost(sizes).tolist()  # [stage][micro-batch]
+        return [g[k][m] for k, m in rows]
+    ratios: dict[int, list[float]] = {}
+    if size_model.stages >= 3:
+        for (_, m), x in zip(rows, ratio):
+            ratios.setdefault(m, []).append(x)
+    factor = {m: float(np.median(v)) for m, v in ratios.items()}
+    spread = float(np.std(list(factor.values())) / np.mean(list(factor.values()))) if factor else 0.0
+    if spread < UNEVEN_SPREAD:  # micro-batches about equal: their estimated factors would only add noise
+        return [1.0] * len(rows)
+    mean = sum(factor.values()) / len(factor)
+    return [factor[m] / mean for _, m in rows]
+
+
+def estimates_simulator(est: Sequence[Sequence[Sequence[float]]], replicas: Sequence[int], memory_limit: int | None,
+                        transfer_s: float, sizes: Sequence[float] | None = None,
+                        relative_cost: np.ndarray | None = None) -> PipelineSimulator:
+    """A noiseless simulator of osprey's estimates ``est[stage][replica]`` (F, B, I, W seconds): per stage
+    the fastest replica's F, B and I : W split, the others as speeds relative to it (F + B seconds); with
+    a step's ``sizes`` told, each micro-batch's costs scaled by its ``relative_cost`` per stage and its
+    activation its size (``KnownSizesSimulator``)."""
+    fastest = [min(row, key=lambda c: c[0] + c[1]) for row in est]
+    speeds = tuple(tuple((f[0] + f[1]) / (c[0] + c[1]) for c in row) for row, f in zip(est, fastest))
+    split = sum(f[3] for f in fastest) / max(1e-12, sum(f[2] + f[3] for f in fastest))
+    profile = ClusterProfile(stages=len(est), replicas=tuple(replicas), forward_s=tuple(f[0] for f in fastest),
+                             backward_s=tuple(f[1] for f in fastest), speeds=speeds,
+                             weight_fraction=min(1.0, max(0.0, split)), memory_limit=memory_limit,
+                             transfer_s=transfer_s)
+    if sizes is None or relative_cost is None:
+        return PipelineSimulator(profile)
+    return KnownSizesSimulator(profile, sizes, relative_cost)
