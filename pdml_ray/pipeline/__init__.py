@@ -12,7 +12,7 @@ The modules:
     torch_exec.py    single-replica plans run by torch.distributed.pipelining's own runtime over real ``PipelineStage``s
     osprey.py        osprey, adaptive scheduling from measured latencies
     osprey_decision.py  what osprey decided and why, as data (``OspreyDecision``)
-    osprey_candidates.py  osprey's static candidates: every static order, torch's orders on its lanes
+    osprey_candidates.py  osprey's candidates: every static order; torch's orders and zero-bubble lanes on its lanes
     chunked.py       osprey's own zero-bubble lanes: list scheduling over virtual stages with F, I, W
     prediction.py    a plan's predicted busy time per executor; the re-plan after a step that ran far from it
     auto.py          ``auto``: a static schedule until osprey pays

@@ -92,9 +92,9 @@ def _list_schedule(costs: Sequence[Sequence[float]], n: int, chunks: int, sr: tu
     slots = None if cap is None else max(cap, max(size)) * chunks + 1e-9
     visits = [sr.count(r) for r in range(R)]
     ready: list[dict[Kind, list[tuple[int, int, int, int]]]] = [{F: [], I: [], W: []} for _ in range(R)]  # heaps
-    held = [0.0] * R
-    reserved = [0.0] * R  # per rank: the held micro-batches' activations, their later chunks' included
-    started: list[dict[int, list[int]]] = [{} for _ in range(R)]  # rank -> {m: [forwards, weights]}, oldest first
+    # rank -> {m: [forwards, weights]} of the micro-batches it holds, oldest first: what it holds and
+    # what they still need there follow from these counts
+    started: list[dict[int, list[int]]] = [{} for _ in range(R)]
     waiting: dict[tuple[int, Kind, int], int] = {}  # actions with several producers -> outputs still to arrive
     orders: list[Order] = [[] for _ in range(R)]
 
@@ -102,13 +102,14 @@ def _list_schedule(costs: Sequence[Sequence[float]], n: int, chunks: int, sr: tu
         """Banker's test: after m's next forward at r, can the held micro-batches finish their forwards there?"""
         if slots is None:
             return True
-        if not banker:
-            return m in started[r] or reserved[r] + visits[r] * size[m] <= slots
-        free = slots - held[r] - size[m]
+        held = started[r].items()
+        if not banker:  # reservations: every chunk of each held micro-batch, done or to come
+            reserved = sum((visits[r] - wt) * size[x] for x, (_, wt) in held)
+            return m in started[r] or reserved + visits[r] * size[m] <= slots
+        free = slots - sum((fw - wt) * size[x] for x, (fw, wt) in held) - size[m]
         if free < 0:
             return False
-        mine = started[r].get(m)
-        for x, (fw, wt) in list(started[r].items()) + ([] if mine is not None else [(m, [0, 0])]):
+        for x, (fw, wt) in list(held) + ([] if m in started[r] else [(m, [0, 0])]):
             fw += x == m
             if (visits[r] - fw) * size[x] > free:
                 return False
@@ -150,11 +151,7 @@ def _list_schedule(costs: Sequence[Sequence[float]], n: int, chunks: int, sr: tu
                         heap.remove(entry)
                         heapq.heapify(heap)
                         *_, v, m = entry
-                        if m not in started[r]:
-                            started[r][m] = [0, 0]
-                            reserved[r] += visits[r] * size[m]
-                        started[r][m][0] += 1
-                        held[r] += size[m]
+                        started[r].setdefault(m, [0, 0])[0] += 1
                         pick = F
                         break
             if pick is None and ready[r][W]:
@@ -182,8 +179,6 @@ def _list_schedule(costs: Sequence[Sequence[float]], n: int, chunks: int, sr: tu
             if kind is W:  # its activation is freed when it completes (as the simulator counts it)
                 state = started[r][m]
                 state[1] += 1
-                held[r] -= size[m]
-                reserved[r] -= size[m]
                 if state[1] == visits[r]:
                     del started[r][m]
             for v2, kind2 in deps.consumers[v][kind]:
@@ -282,9 +277,9 @@ class ChunkedLanes:
                     relative_cost: Sequence[Sequence[float]], members: Sequence[Sequence[int]]) -> dict[str, Plan]:
         """label -> plan for a step whose micro-batch sizes are known, 'osprey-zb-<layout>-sized' per layout.
         ``relative_cost[rank][m]`` scales micro-batch m's nominal costs (``SizeModel.relative_cost``).
-        Micro-batches go to lanes as osprey's own sized lanes send them (``sizes.sized_lanes``: the
-        longest first, to the lane whose predicted busy time ends lowest: ``sizes.lanes_by_load``); each lane runs them in
-        whichever of ``sizes.orders_to_try`` its order finishes first, holding at most the cap in sizes."""
+        Micro-batches go to lanes as osprey's own sized lanes send them (``sizes.lanes_by_load``: the
+        longest first, to the lane whose predicted busy time ends lowest); each lane runs them in whichever
+        of ``sizes.orders_to_try`` its order finishes first, holding at most the cap in sizes."""
         from pdml_ray.pipeline.sizes import lanes_by_load, orders_to_try
 
         ranks, lanes = len(members), len(lane_costs)
@@ -306,6 +301,6 @@ class ChunkedLanes:
                 orders.append(best[2] if best is not None else [])
                 ids.append(best[1] if best is not None else [])
             label = f"osprey-zb-{layout}-sized"
-            out[label] = lanes_to_plan(orders, ids, members, chunks=self.chunks, layout=layout, name=label, cap=self.cap,
-                                    sizes=sizes)
+            out[label] = lanes_to_plan(orders, ids, members, chunks=self.chunks, layout=layout, name=label,
+                                       cap=self.cap, sizes=sizes)
         return out

@@ -64,7 +64,6 @@ import numpy as np
 
 from pdml_ray.config import OspreyConfig, PipelineConfig
 from pdml_ray.errors import StateError
-from pdml_ray.pipeline.chunked import ChunkedLanes
 from pdml_ray.pipeline.listsched import in_order_makespan, list_schedule, single_pipeline_schedule, to_orders
 from pdml_ray.pipeline.osprey_candidates import StaticCandidates
 from pdml_ray.pipeline.osprey_decision import OspreyDecision
@@ -111,7 +110,6 @@ class OspreySchedule:
         self._warm: PipelineSchedule | None = None  # the warm-start static schedule, built on first use
         self._candidates = StaticCandidates(stages, self.replicas, microbatches, self.pipeline_config) \
             if self.config.plans == "any" else None
-        self._chunked = ChunkedLanes(cap=self.memory_limit, transfer_s=self.pipeline_config.transfer_s)
         self._layouts: dict[int, tuple[tuple[int, ...], int] | None] = {}
         """step -> (stage_rank, chunks) of the plan issued for it when it had virtual stages (else None):
         its measurements map back to ranks (this scheduler's stages) at chunks x their latency. Plans
@@ -413,14 +411,13 @@ class OspreySchedule:
                 own_counts[label] = None
         for label, candidate in self._static_candidates(self._lane_counts()).items():
             consider(label, candidate)
-        if self._candidates is not None and self.lanes:  # osprey's zero-bubble lanes, on the predicted sizes
-            members = self.lane_members()
-            for label, candidate in self._chunked.sized_plans(self._split_lane_costs(members), sizes, g.tolist(),
-                                                              members).items():
-                consider(label, candidate)
+        zero_bubble = self._candidates.sized_plans(self._lanes, sizes, g.tolist()) \
+            if self._candidates is not None and self.lanes else {}  # osprey's zero-bubble lanes, on the sizes
+        for label, candidate in zero_bubble.items():
+            consider(label, candidate)
         # the three fastest static orders, their micro-batches reordered (osprey's own orders chose theirs)
-        statics = sorted((x for x in results if x not in own_counts and results[x][0] == 0
-                          and not x.startswith("osprey-zb")), key=lambda x: results[x][1])
+        statics = sorted((x for x in results if x not in own_counts and x not in zero_bubble and results[x][0] == 0),
+                         key=lambda x: results[x][1])
         for label in statics[:3]:
             for name, order in orders_to_try(g.mean(axis=0).tolist()).items():
                 if name != "given":
@@ -461,24 +458,20 @@ class OspreySchedule:
         return [int(c) for c in round_to_batch_sizes(list(target), self.microbatches)]
 
     def _static_candidates(self, lane_counts: Sequence[int] | None) -> dict[str, Plan]:
-        """label -> plan, with ``OspreyConfig.plans='any'``: every static order and torch's orders on the
-        lanes (``StaticCandidates``) and, with unequal lane counts, osprey's own zero-bubble lanes on two
-        chunks per rank (``ChunkedLanes``: an order per lane made for its costs and count). None with
+        """label -> plan, with ``OspreyConfig.plans='any'`` (``StaticCandidates``: every static order, and
+        with unequal lane counts torch's orders and osprey's zero-bubble lanes on them); none with
         'full-backward': osprey's lane plans already are 1F1B's rule on its lanes, and each candidate
         costs a simulated step to predict."""
         if self._candidates is None:
             return {}
-        out = self._candidates.plans(lane_counts, self.lane_members)
-        if lane_counts is not None and len(set(lane_counts)) > 1:
-            members = self.lane_members()
-            out.update(self._chunked.plans(self._split_lane_costs(members), lane_counts, members))
-        return out
+        return self._candidates.plans(lane_counts, self._lanes)
 
-    def _split_lane_costs(self, members: Sequence[Sequence[int]]) -> list[list[tuple[float, float, float]]]:
-        """[lane][stage] -> (F, I, W) seconds of the lane's member there (``members[stage][lane]``)."""
+    def _lanes(self) -> tuple[list[list[int]], list[list[tuple[float, float, float]]]]:
+        """(members, costs): ``lane_members()`` and each lane's member's (F, I, W) seconds per stage."""
+        members = self.lane_members()
         f, i, w = KIND_INDEX[Kind.FORWARD], KIND_INDEX[Kind.INPUT], KIND_INDEX[Kind.WEIGHT]
-        return [[(c[f], c[i], c[w]) for k in range(self.stages) for c in [self.est[k][members[k][j]]]]
-                for j in range(self.lanes)]
+        return members, [[(c[f], c[i], c[w]) for k in range(self.stages) for c in [self.est[k][members[k][j]]]]
+                         for j in range(self.lanes)]
 
     # ---- replay --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

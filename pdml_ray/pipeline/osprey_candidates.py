@@ -1,7 +1,8 @@
-"""Osprey's static candidates (step 6 of ``pdml_ray.pipeline.osprey``): with ``OspreyConfig.plans='any'``,
-every static order that builds for the shape (gpipe, 1f1b and every torch order: split backward and
-two chunks per rank included) and each torch order re-cut onto osprey's lanes ('<name>@lanes'), which
-osprey predicts beside its own lane plans and chooses among."""
+"""Osprey's candidates beside its own lane plans (step 6 of ``pdml_ray.pipeline.osprey``): with
+``OspreyConfig.plans='any'``, every static order that builds for the shape (gpipe, 1f1b and every torch
+order: split backward and two chunks per rank included), each torch order re-cut onto osprey's lanes
+('<name>@lanes') and osprey's zero-bubble lanes (``pdml_ray.pipeline.chunked``: 'osprey-zb-<layout>',
+and '-sized' on a step's told sizes), which osprey predicts and chooses among."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from typing import Any, Callable, Sequence
 
 from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError
+from pdml_ray.pipeline.chunked import ChunkedLanes
 from pdml_ray.pipeline.plan import Plan
+
+Lanes = Callable[[], tuple[Sequence[Sequence[int]], Sequence[Sequence[Sequence[float]]]]]
+"""Osprey's lanes, asked for only where needed: (members, costs), ``members[stage][lane]`` the replica and
+``costs[lane][stage]`` its (forward, input, weight) seconds."""
 
 
 class StaticCandidates:
@@ -22,12 +28,12 @@ class StaticCandidates:
         self.pipeline_config = pipeline_config
         self._statics: dict[str, Plan] | None = None  # every static order that fits the shape, built on first use
         self._on_lanes: dict[tuple[Any, ...], Plan | None] = {}  # torch orders on lanes, by (name, counts, members)
+        self._chunked = ChunkedLanes(cap=pipeline_config.memory_limit, transfer_s=pipeline_config.transfer_s)
 
-    def plans(self, lane_counts: Sequence[int] | None,
-              lane_members: Callable[[], Sequence[Sequence[int]]]) -> dict[str, Plan]:
+    def plans(self, lane_counts: Sequence[int] | None, lanes: Lanes) -> dict[str, Plan]:
         """label -> plan: every static order that builds for this shape and, with unequal micro-batch
-        counts per lane (``lane_counts``), each torch order on those lanes (``lane_members()``: [stage][lane]
-        -> replica, asked only then)."""
+        counts per lane (``lane_counts``), each torch order on those lanes and osprey's zero-bubble lanes
+        from those counts (``lanes()`` is asked only then)."""
         from pdml_ray.pipeline.registry import STATIC_SCHEDULES, TORCH_SCHEDULES, make_schedule
         from pdml_ray.pipeline.torch_orders import lanes_plan
 
@@ -42,7 +48,8 @@ class StaticCandidates:
                 self._statics[name] = plan
         out = dict(self._statics)
         if lane_counts is not None and len(set(lane_counts)) > 1:
-            members = lane_members()
+            members, costs = lanes()
+            out.update(self._chunked.plans(costs, lane_counts, members))
             given, ids = 0, []
             for n in lane_counts:
                 ids.append(list(range(given, given + n)))
@@ -63,6 +70,13 @@ class StaticCandidates:
                 if on_lanes is not None:
                     out[f"{name}@lanes"] = on_lanes
         return out
+
+
+    def sized_plans(self, lanes: Lanes, sizes: Sequence[float],
+                    relative_cost: Sequence[Sequence[float]]) -> dict[str, Plan]:
+        """label -> plan: osprey's zero-bubble lanes on a step's told ``sizes`` (``ChunkedLanes.sized_plans``)."""
+        members, costs = lanes()
+        return self._chunked.sized_plans(costs, sizes, relative_cost, members)
 
 
 def _torch_class(name: str) -> Any:
