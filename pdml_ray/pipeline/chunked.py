@@ -219,7 +219,8 @@ def lanes_to_plan(lane_orders: Sequence[Sequence[Order]], lane_microbatches: Seq
 
 
 class ChunkedLanes:
-    """Osprey's zero-bubble candidates on its lanes, 'osprey-zb-<layout>' per layout: each lane runs
+    """Osprey's zero-bubble candidates on its lanes, '<prefix>-<layout>' per layout (``prefix`` 'osprey-zb'
+    for two chunks per rank, 'osprey-zb<chunks>' for other counts): each lane runs
     ``chunked_order`` for its own costs and count. Counts start from the lanes' speed shares and move
     one micro-batch at a time from the lane predicted last to the lane that finishes one more earliest,
     while that shortens the step (at most one move per lane). Lane orders are kept by (layout, costs,
@@ -229,6 +230,7 @@ class ChunkedLanes:
 
     def __init__(self, *, chunks: int = 2, cap: float | None = None, transfer_s: float = 0.0) -> None:
         self.chunks, self.cap, self.transfer_s = chunks, cap, transfer_s
+        self.prefix = "osprey-zb" if chunks == 2 else f"osprey-zb{chunks}"
         self._kept: dict[tuple[object, ...], tuple[list[Order], float]] = {}
 
     def _lane(self, layout: str, costs: tuple[tuple[float, ...], ...], n: int) -> tuple[list[Order], float]:
@@ -269,13 +271,13 @@ class ChunkedLanes:
                 ids.append(list(range(given, given + c)))
                 given += c
             orders = [self._lane(layout, costs[j], c)[0] if c else [] for j, c in enumerate(n)]
-            out[f"osprey-zb-{layout}"] = lanes_to_plan(orders, ids, members, chunks=self.chunks, layout=layout,
-                                                   name=f"osprey-zb-{layout}", cap=self.cap)
+            label = f"{self.prefix}-{layout}"
+            out[label] = lanes_to_plan(orders, ids, members, chunks=self.chunks, layout=layout, name=label, cap=self.cap)
         return out
 
     def sized_plans(self, lane_costs: Sequence[Sequence[Sequence[float]]], sizes: Sequence[float],
                     relative_cost: Sequence[Sequence[float]], members: Sequence[Sequence[int]]) -> dict[str, Plan]:
-        """label -> plan for a step whose micro-batch sizes are known, 'osprey-zb-<layout>-sized' per layout.
+        """label -> plan for a step whose micro-batch sizes are known, '<prefix>-<layout>-sized' per layout.
         ``relative_cost[rank][m]`` scales micro-batch m's nominal costs (``SizeModel.relative_cost``).
         Micro-batches go to lanes as osprey's own sized lanes send them (``sizes.lanes_by_load``: the
         longest first, to the lane whose predicted busy time ends lowest); each lane runs them in whichever
@@ -300,7 +302,7 @@ class ChunkedLanes:
                         best = (span, lane_ids, got)
                 orders.append(best[2] if best is not None else [])
                 ids.append(best[1] if best is not None else [])
-            label = f"osprey-zb-{layout}-sized"
+            label = f"{self.prefix}-{layout}-sized"
             out[label] = lanes_to_plan(orders, ids, members, chunks=self.chunks, layout=layout, name=label,
                                        cap=self.cap, sizes=sizes)
         return out

@@ -1,8 +1,8 @@
 """Osprey's candidates beside its own lane plans (step 6 of ``pdml_ray.pipeline.osprey``): with
 ``OspreyConfig.plans='any'``, every static order that builds for the shape (gpipe, 1f1b and every torch
 order: split backward and two chunks per rank included), each torch order re-cut onto osprey's lanes
-('<name>@lanes') and osprey's zero-bubble lanes (``pdml_ray.pipeline.chunked``: 'osprey-zb-<layout>',
-and '-sized' on a step's told sizes), which osprey predicts and chooses among."""
+('<name>@lanes') and osprey's zero-bubble lanes over two, three and four chunks per rank (``pdml_ray.pipeline.chunked``:
+'osprey-zb-<layout>', 'osprey-zb3-<layout>', 'osprey-zb4-<layout>', and '-sized' on a step's told sizes), which osprey predicts and chooses among."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.chunked import ChunkedLanes
 from pdml_ray.pipeline.plan import Plan
+
+ZERO_BUBBLE_CHUNKS = (2, 3, 4)
+"""Chunks per rank of osprey's zero-bubble lanes, one candidate set each: more chunks shorten the
+pipeline's fill and drain (a chunk's forward reaches the last rank sooner) at more transfers, which
+the prediction counts (``PipelineConfig.transfer_s``); the simulator has no fixed cost per action, so a
+runtime's per-message overhead is not counted (why ``plans='any'`` is for the simulator)."""
 
 Lanes = Callable[[], tuple[Sequence[Sequence[int]], Sequence[Sequence[Sequence[float]]]]]
 """Osprey's lanes, asked for only where needed: (members, costs), ``members[stage][lane]`` the replica and
@@ -28,7 +34,8 @@ class StaticCandidates:
         self.pipeline_config = pipeline_config
         self._statics: dict[str, Plan] | None = None  # every static order that fits the shape, built on first use
         self._on_lanes: dict[tuple[Any, ...], Plan | None] = {}  # torch orders on lanes, by (name, counts, members)
-        self._chunked = ChunkedLanes(cap=pipeline_config.memory_limit, transfer_s=pipeline_config.transfer_s)
+        self._chunked = tuple(ChunkedLanes(chunks=c, cap=pipeline_config.memory_limit, transfer_s=pipeline_config.transfer_s)
+                              for c in ZERO_BUBBLE_CHUNKS)
 
     def plans(self, lane_counts: Sequence[int] | None, lanes: Lanes) -> dict[str, Plan]:
         """label -> plan: every static order that builds for this shape and, with unequal micro-batch
@@ -49,7 +56,8 @@ class StaticCandidates:
         out = dict(self._statics)
         if lane_counts is not None and len(set(lane_counts)) > 1:
             members, costs = lanes()
-            out.update(self._chunked.plans(costs, lane_counts, members))
+            for chunked in self._chunked:
+                out.update(chunked.plans(costs, lane_counts, members))
             given, ids = 0, []
             for n in lane_counts:
                 ids.append(list(range(given, given + n)))
@@ -76,7 +84,10 @@ class StaticCandidates:
                     relative_cost: Sequence[Sequence[float]]) -> dict[str, Plan]:
         """label -> plan: osprey's zero-bubble lanes on a step's told ``sizes`` (``ChunkedLanes.sized_plans``)."""
         members, costs = lanes()
-        return self._chunked.sized_plans(costs, sizes, relative_cost, members)
+        out: dict[str, Plan] = {}
+        for chunked in self._chunked:
+            out.update(chunked.sized_plans(costs, sizes, relative_cost, members))
+        return out
 
 
 def _torch_class(name: str) -> Any:

@@ -31,12 +31,15 @@ TORCH_SCHEDULES: dict[str, str] = {
     "torch-looped-bfs": "pdml_ray.pipeline.torch_orders:TorchLoopedBFS",
     "torch-zb": "pdml_ray.pipeline.torch_orders:TorchZeroBubble",
     "torch-interleaved-zb": "pdml_ray.pipeline.torch_orders:TorchInterleavedZeroBubble",
+    "torch-interleaved-zb-3": "pdml_ray.pipeline.torch_orders:TorchInterleavedZeroBubble3",
+    "torch-interleaved-zb-4": "pdml_ray.pipeline.torch_orders:TorchInterleavedZeroBubble4",
     "torch-zbv": "pdml_ray.pipeline.torch_orders:TorchZBV",
     "torch-dualpipev": "pdml_ray.pipeline.torch_orders:TorchDualPipeV",
 }
 """Baselines from the orders torch.distributed.pipelining's schedule classes generate (torch 2.13
 pinned): static, one data-parallel pipeline per replica, some with two chunks per rank (virtual
-stages) or split backward. They run in the simulator (``pdml-ray simulate``, ``bench pipeline``),
+stages; torch's interleaved zero bubble also at three and four, the chunk counts osprey's zero-bubble
+lanes may choose) or split backward. They run in the simulator (``pdml-ray simulate``, ``bench pipeline``),
 not on the Ray-actor runtime (which runs F + B plans without virtual stages), so a run's
 ``PipelineConfig.schedule`` takes only ``PROJECT_SCHEDULES``."""
 

@@ -322,6 +322,19 @@ class TorchInterleavedZeroBubble(TorchOrderSchedule):
     name, torch_class, chunks = "torch-interleaved-zb", "ScheduleInterleavedZeroBubble", 2
 
 
+class TorchInterleavedZeroBubble3(TorchOrderSchedule):
+    """``ScheduleInterleavedZeroBubble`` with three chunks per rank: the baseline at a chunk count osprey's
+    zero-bubble lanes may choose (``osprey_candidates.ZERO_BUBBLE_CHUNKS``)."""
+
+    name, torch_class, chunks = "torch-interleaved-zb-3", "ScheduleInterleavedZeroBubble", 3
+
+
+class TorchInterleavedZeroBubble4(TorchOrderSchedule):
+    """``ScheduleInterleavedZeroBubble`` with four chunks per rank (as ``TorchInterleavedZeroBubble3``)."""
+
+    name, torch_class, chunks = "torch-interleaved-zb-4", "ScheduleInterleavedZeroBubble", 4
+
+
 class TorchZBV(TorchOrderSchedule):
     name, torch_class, chunks = "torch-zbv", "ScheduleZBVZeroBubble", 2
 

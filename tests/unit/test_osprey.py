@@ -224,13 +224,14 @@ def _any(memory_limit: int) -> PipelineConfig:
 
 
 def test_osprey_warm_starts_from_the_best_static_order_zero_bubble_and_chunks_included() -> None:
-    # Homogeneous 4 x 1, 16 micro-batches, F = 1, B = 2: a two-chunk zero-bubble order of torch's is
-    # the best static order; osprey, planning a step ahead, runs it from its third step on.
+    # Homogeneous 4 x 1, 16 micro-batches, F = 1, B = 2: a zero-bubble order of torch's over several chunks
+    # is the best static order; osprey, planning a step ahead, runs it from its third step on.
     profile = ClusterProfile.build(4, 1, memory_limit=4)
     statics = {n: PipelineSimulator(profile).run_step(make_schedule(n, stages=4, replicas=1, microbatches=16).plan(0))
-               for n in ("1f1b", "torch-zb", "torch-interleaved-zb", "torch-zbv")}
+               for n in ("1f1b", "torch-zb", "torch-interleaved-zb", "torch-interleaved-zb-3", "torch-interleaved-zb-4",
+                         "torch-zbv")}
     best = min(r.makespan_s for r in statics.values())
-    assert best < statics["torch-zb"].makespan_s < statics["1f1b"].makespan_s
+    assert best < statics["torch-interleaved-zb"].makespan_s < statics["torch-zb"].makespan_s < statics["1f1b"].makespan_s
     o = make_schedule("osprey", stages=4, replicas=1, microbatches=16, config=_any(4))
     sim = PipelineSimulator(profile)
     ahead = o.plan(0)
@@ -254,10 +255,12 @@ def test_osprey_routes_zero_bubble_orders_over_its_lanes_away_from_a_slow_replic
     plan = o.plan(3)
     predicted = dict(o.last_decision.predicted_makespan_s)
     on_lanes = {x: t for x, t in predicted.items() if x.endswith("@lanes")}  # torch's orders re-cut onto the lanes
-    assert on_lanes and o.last_decision.chosen in ("osprey-zb-v", "osprey-zb-loop")
+    chosen = o.last_decision.chosen
+    assert on_lanes and chosen.startswith("osprey-zb") and chosen.endswith(("-v", "-loop"))  # its own lanes
     assert predicted[o.last_decision.chosen] <= min(on_lanes.values())  # its own lane orders: at least as fast
+    chunks = plan.num_stages // 4
     slow_share = sum(1 for (k, _), r in plan.placement.items() if plan.stage_rank[k] == 3 and r == 0)
-    assert slow_share < 2 * 16 // 4  # two chunks: fewer than round robin's 4 micro-batches
+    assert chunks >= 2 and slow_share < chunks * 16 // 4  # each chunk: fewer than round robin's 4 micro-batches
     best_torch = min(on_lanes, key=lambda x: on_lanes[x]).removesuffix("@lanes")
     round_robin = PipelineSimulator(profile).run_step(make_schedule(best_torch, stages=4, replicas=4, microbatches=16).plan(0))
     assert results[-1].makespan_s < 0.8 * round_robin.makespan_s

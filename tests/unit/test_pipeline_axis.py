@@ -74,7 +74,7 @@ def test_a_malformed_observation_is_refused_whole_and_counted():
     assert not s.observe("pipeline", 0, bad)
     assert s.derivers["pipeline"].state_dict() == before
     assert s.reports_rejected == 1 and s.rejected_by_kind == {"pipeline": 1}
-    for garbage in ([(0, 0, "X", 0, 0.01)], [(9, 0, "F", 0, 0.01)], [(0, 0, "F", 0, float("nan"))], "rows", [(0, 0, "F", 0)]):
+    for garbage in ([(0, 0, "X", 0, 0.01)], [(99, 0, "F", 0, 0.01)], [(0, 0, "F", 0, float("nan"))], "rows", [(0, 0, "F", 0)]):
         assert not s.observe("pipeline", 1, garbage)
     assert not s.observe("pipeline", -1, rows)
     with pytest.raises(ReportError, match="not enabled"):

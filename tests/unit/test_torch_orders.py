@@ -86,9 +86,11 @@ def test_torch_dualpipev_is_expanded_validated_and_reaches_the_v_bound() -> None
 
 
 # 8 ranks x 16 micro-batches, F = 1, I = W = 1 (B = 2) per rank, every schedule on the same 8-stage
-# profile (two-chunk schedules cut each stage in two): the 69, 55 and 51.5, each at its bound.
+# profile (c-chunk schedules cut each stage in c): the 69, 55 and 51.5, each at its bound; more
+# chunks shorten the fill and drain further (50.33 and 49.75: with no cost per action in the simulator).
 TORCH_MAKESPANS = {"torch-gpipe": 69.0, "torch-1f1b": 69.0, "torch-interleaved-1f1b": 58.5,
-                   "torch-looped-bfs": 58.5, "torch-zb": 55.0, "torch-interleaved-zb": 51.5, "torch-zbv": 51.5,
+                   "torch-looped-bfs": 58.5, "torch-zb": 55.0, "torch-interleaved-zb": 51.5,
+                   "torch-interleaved-zb-3": 50.0 + 1 / 3, "torch-interleaved-zb-4": 49.75, "torch-zbv": 51.5,
                    "torch-dualpipev": 51.5}
 
 
