@@ -45,7 +45,7 @@ class OspreyConfig:
     """Static schedule whose plan osprey uses until it has measurements."""
     plans: str = "full-backward"
     """Which plans osprey may choose: 'full-backward' (F and B, one chunk per stage: what the Ray-actor
-    runtime runs) or 'any' (also split backward and two chunks per rank: torch's zero-bubble, interleaved
+    runtime runs) or 'any' (also split backward and two to four chunks per rank: torch's zero-bubble, interleaved
     and V orders, on osprey's lanes too; for the simulator)."""
     jump_threshold: float = 0.45
     """A step's mean latency this far from the estimate (relative) replaces it outright instead of

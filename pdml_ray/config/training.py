@@ -50,7 +50,7 @@ def pipeline_ray_train(config: PDMLConfig) -> None:
         raise ConfigError("a pipeline run under PDMLTrainer needs pipeline.stages: the stages per data-parallel "
                           "replica (num_workers must be a multiple of it), e.g. PipelineConfig(stages=2)")
     if pipeline.osprey.plans != "full-backward":
-        raise ConfigError(f"pipeline.osprey.plans {pipeline.osprey.plans!r} lets osprey choose two chunks per rank, "
+        raise ConfigError(f"pipeline.osprey.plans {pipeline.osprey.plans!r} lets osprey choose several chunks per rank, "
                           "but a PDMLTrainer pipeline builds one stage per worker at its start: set "
                           "pipeline.osprey.plans: full-backward")
     if pipeline.rebalance.enabled:

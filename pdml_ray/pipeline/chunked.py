@@ -1,7 +1,7 @@
 """Greedy list scheduling over virtual stages with split backward: osprey's own zero-bubble lanes.
 
 ``listsched`` builds osprey's orders from F and full-B actions on one chunk per rank; the static
-candidates bring zero bubble and two chunks per rank, but only in torch's fixed orders, whose warm-up
+candidates bring zero bubble and several chunks per rank, but only in torch's fixed orders, whose warm-up
 counts assume equal stages and a micro-batch count per lane of their own choosing (in the simulator, with 9
 micro-batches on an 8-rank lane of F = I = W = 1 s, torch's interleaved zero bubble holds more than a
 memory limit of 8 activations, and its V-shaped order takes 33 s where this one takes 32.5).

@@ -29,12 +29,12 @@ measure -> derive -> decide, once per global step:
    (A critical-path "forwards first" priority lengthened steps under a memory cap: it delays the
    backward chain that frees upstream memory; see ``static.CriticalPathSchedule``.)
 6. With ``OspreyConfig.plans='any'``, candidates beside them: every static order that fits the shape
-   (gpipe, 1f1b and all of torch's: split backward and two chunks per rank included, zero bubble, ZBV,
-   DualPipeV, interleaved), and each torch order on osprey's lanes with micro-batch counts in
+   (gpipe, 1f1b and all of torch's: split backward and two to four chunks per rank included, zero
+   bubble, ZBV, DualPipeV, interleaved), and each torch order on osprey's lanes with micro-batch counts in
    proportion to the lanes' current speeds (``<name>@lanes``: routing across replicas while keeping
    torch's order, W in its bubbles, within each pipeline). With unequal lane counts, osprey's own
-   zero-bubble lanes too (``osprey-zb-v``, ``osprey-zb-loop``; ``pdml_ray.pipeline.chunked``): an
-   order over two chunks per rank with F, I and W list-scheduled for each lane's own costs and count,
+   zero-bubble lanes too (``osprey-zb-v``, ``osprey-zb-loop``, and ``osprey-zb3-*``, ``osprey-zb4-*`` over
+   three and four chunks; ``pdml_ray.pipeline.chunked``): an order over those chunks per rank with F, I and W list-scheduled for each lane's own costs and count,
    within the memory limit, and the counts moved off the lane predicted last while that shortens the
    step. They are predicted by the simulator on the EMA costs; one that would exceed the memory limit
    is no candidate.

@@ -1,6 +1,6 @@
 """Osprey's candidates beside its own lane plans (step 6 of ``pdml_ray.pipeline.osprey``): with
 ``OspreyConfig.plans='any'``, every static order that builds for the shape (gpipe, 1f1b and every torch
-order: split backward and two chunks per rank included), each torch order re-cut onto osprey's lanes
+order: split backward and two to four chunks per rank included), each torch order re-cut onto osprey's lanes
 ('<name>@lanes') and osprey's zero-bubble lanes over two, three and four chunks per rank (``pdml_ray.pipeline.chunked``:
 'osprey-zb-<layout>', 'osprey-zb3-<layout>', 'osprey-zb4-<layout>', and '-sized' on a step's told sizes), which osprey predicts and chooses among."""
 

@@ -1,4 +1,4 @@
-"""Osprey's zero-bubble lanes on two chunks per rank (``pdml_ray.pipeline.chunked``), on the simulator."""
+"""Osprey's zero-bubble lanes on several chunks per rank (``pdml_ray.pipeline.chunked``), on the simulator."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def _profile(ranks: int, cap: float | None, slow: int | None = None) -> ClusterP
                                backward_s=(2.0,) * ranks, speeds=speeds)
 
 
-def _one_lane(orders: list, ranks: int, n: int, layout: str):  # type: ignore[no-untyped-def]
-    return lanes_to_plan([orders], [list(range(n))], [[0]] * ranks, chunks=2, layout=layout)
+def _one_lane(orders: list, ranks: int, n: int, layout: str, chunks: int = 2):  # type: ignore[no-untyped-def]
+    return lanes_to_plan([orders], [list(range(n))], [[0]] * ranks, chunks=chunks, layout=layout)
 
 
 def test_layouts_map_virtual_stages_to_ranks() -> None:
@@ -44,6 +44,23 @@ def test_its_prediction_is_the_simulated_step_and_it_stays_within_the_cap(layout
     result = PipelineSimulator(_profile(8, 8, slow)).run_step(plan)
     assert result.makespan_s == pytest.approx(predicted)
     assert result.memory_violations == 0 and max(result.peak_activation.values()) <= 8
+
+
+@pytest.mark.parametrize("layout", ["loop", "v"])
+def test_more_chunks_shorten_fill_and_drain_and_their_transfers_are_counted(layout: str) -> None:
+    # 8 ranks, 16 micro-batches, F = I = W = 1 s per stage: 2, 3 and 4 chunks take 51.5, 50.33 and 49.75 s
+    # (torch's interleaved zero bubble at those counts, each at its bound); the prediction is the simulated
+    # step at every count. With 0.5 s per transfer between ranks, four chunks are no longer the fastest.
+    spans = {}
+    for chunks in (2, 3, 4):
+        orders, spans[chunks] = chunked_order([UNIT] * 8, 16, chunks=chunks, layout=layout)
+        plan = _one_lane(orders, 8, 16, layout, chunks)
+        assert plan.num_stages == 8 * chunks
+        assert PipelineSimulator(_profile(8, None)).run_step(plan).makespan_s == pytest.approx(spans[chunks])
+    assert spans[4] == pytest.approx(49.75) and spans[3] == pytest.approx(50 + 1 / 3) and spans[2] == pytest.approx(51.5)
+    late = {c: chunked_order([UNIT] * 8, 16, chunks=c, layout=layout, transfer_s=0.5)[1] for c in (2, 3, 4)}
+    assert min(late, key=lambda c: late[c]) != 4
+    assert ChunkedLanes(chunks=4).prefix == "osprey-zb4" and ChunkedLanes().prefix == "osprey-zb"
 
 
 def test_a_lane_of_nine_fits_the_cap_where_torchs_orders_do_not_or_are_slower() -> None:
@@ -133,7 +150,7 @@ def test_osprey_plans_its_zero_bubble_lanes_on_told_sizes() -> None:
     o.tell_sizes(4, PipelineSimulator(profile, 0).sequence_lengths(4, 16).tolist())
     o.plan(4)
     predicted = dict(o.last_decision.predicted_makespan_s)
-    assert {"osprey-zb-v-sized", "osprey-zb-loop-sized"} <= set(predicted)
+    assert {f"osprey-zb{c}-{layout}-sized" for c in ("", "3", "4") for layout in ("v", "loop")} <= set(predicted)
     assert not any(x.startswith("osprey-zb") and "~" in x for x in predicted)  # they chose their own order
 
 
