@@ -267,7 +267,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steps = args.steps or (10 if args.quick else 16)
     seeds = [args.seed + i for i in range(args.seeds)]
     t0 = time.perf_counter()
-    grid = [summarize_cell([run_case(s, r, m, p, steps, seed) for seed in seeds]) for s, r, m, p in _grid(args.quick)]
+    grid = []
+    for i, (s, r, m, p) in enumerate(_grid(args.quick), 1):
+        print(f"grid cell {i}/{len(_grid(args.quick))}: {s}x{r}x{m} {p}, {len(seeds)} seed(s) x {steps} steps ...", flush=True)
+        grid.append(summarize_cell([run_case(s, r, m, p, steps, seed) for seed in seeds]))
     speed = measure_speed(args.seed)
     _print_grid(grid, steps, seeds, print_table)
     print(f"simulator {speed['sim_step_ms']:.2f} ms per step (best {speed['sim_step_ms_best']:.2f}), osprey decision "

@@ -4,13 +4,14 @@ Scenarios (``pdml_ray.pipeline.scenarios``): homogeneous, drift, uneven, comm-de
 on a few shapes (stages x replicas x micro-batches) over ``seeds`` seeds, all SIMULATED. Every static
 order, the project's and torch's (``best_static`` is the fastest of them per seed), runs the same
 steps. Osprey plans through the run's scheduler exactly as the pipeline runtime does, fetched one step
-ahead (``ScheduledPlans``, in-process), free to choose split-backward and two-chunk plans
+ahead (``ScheduledPlans``, in-process), free to choose split-backward plans of two to four chunks per rank
 (``OspreyConfig(plans="any")``): the plan for step t is asked for before step t - 1's
 measurements arrive, so it sees measurements through step t - 2 — the one-step-old view is in every
 figure. Osprey re-plans a step after one that ran far from its plan's prediction
 (``OspreyConfig.replan_on_shift``, off by default: on the Ray-actor runtime's ~1 ms actions noise
 re-planned most steps; full size here it took drift from 0.885 to 0.853 of the best static order, and
-with osprey's own zero-bubble lanes to 0.837, and left the other scenarios as they were); each
+with osprey's own zero-bubble lanes to 0.837, over two to four chunks to 0.828, and left the other
+scenarios as they were); each
 cell lists the re-plans per seed (``osprey_replans_per_seed``), the steps that waited for planning.
 Where lengths vary (uneven, memory-cap) every schedule is told each step's micro-batch lengths before
 the step is planned (``simulate_schedule``; osprey through ``ScheduledPlans.tell_sizes``,
@@ -186,9 +187,14 @@ def cell_record(scenario: str, shape: tuple[int, int, int], runs: Sequence[dict[
 
 def run_scenarios(*, quick: bool, seeds: Sequence[int], steps: int, scenarios: Sequence[str] = SCENARIOS,
                   config: ScenarioConfig | None = None) -> list[dict[str, Any]]:
-    """Every scenario cell's record (``cell_record``)."""
-    return [cell_record(sc, shape, [run_seed(sc, *shape, seed=s, steps=steps, config=config) for s in seeds])
-            for sc in scenarios for shape in shapes(quick)]
+    """Every scenario cell's record (``cell_record``), a progress line per cell (a full run takes tens of minutes)."""
+    cells = [(sc, shape) for sc in scenarios for shape in shapes(quick)]
+    out = []
+    for i, (sc, shape) in enumerate(cells, 1):
+        print(f"scenario cell {i}/{len(cells)}: {sc} {'x'.join(map(str, shape))}, {len(seeds)} seed(s) x {steps} steps ...",
+              flush=True)
+        out.append(cell_record(sc, shape, [run_seed(sc, *shape, seed=s, steps=steps, config=config) for s in seeds]))
+    return out
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
