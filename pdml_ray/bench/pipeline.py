@@ -267,9 +267,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steps = args.steps or (10 if args.quick else 16)
     seeds = [args.seed + i for i in range(args.seeds)]
     t0 = time.perf_counter()
-    grid = []
-    for i, (s, r, m, p) in enumerate(_grid(args.quick), 1):
-        print(f"grid cell {i}/{len(_grid(args.quick))}: {s}x{r}x{m} {p}, {len(seeds)} seed(s) x {steps} steps ...", flush=True)
+    grid, cells = [], _grid(args.quick)
+    for i, (s, r, m, p) in enumerate(cells, 1):
+        print(f"grid cell {i}/{len(cells)}: {s}x{r}x{m} {p}, {len(seeds)} seed(s) x {steps} steps ...", flush=True)
         grid.append(summarize_cell([run_case(s, r, m, p, steps, seed) for seed in seeds]))
     speed = measure_speed(args.seed)
     _print_grid(grid, steps, seeds, print_table)

@@ -11,9 +11,8 @@ figure. Osprey re-plans a step after one that ran far from its plan's prediction
 (``OspreyConfig.replan_on_shift``, off by default: on the Ray-actor runtime's ~1 ms actions noise
 re-planned most steps; full size here it took drift from 0.885 to 0.853 of the best static order, and
 with osprey's own zero-bubble lanes to 0.837, over two to four chunks to 0.828, and left the other
-scenarios as they were); each
-cell lists the re-plans per seed (``osprey_replans_per_seed``), the steps that waited for planning.
-Where lengths vary (uneven, memory-cap) every schedule is told each step's micro-batch lengths before
+scenarios as they were); each cell lists the re-plans per seed (``osprey_replans_per_seed``), the steps
+that waited for planning. Where lengths vary (uneven, memory-cap) every schedule is told each step's micro-batch lengths before
 the step is planned (``simulate_schedule``; osprey through ``ScheduledPlans.tell_sizes``,
 a step ahead like its plans); static orders ignore them. A seed's makespan is the mean over steps ``SKIP_STEPS``.. (osprey's first two plans are its
 warm start); one record per scenario cell, with medians and the worst seed over seeds.
@@ -187,12 +186,13 @@ def cell_record(scenario: str, shape: tuple[int, int, int], runs: Sequence[dict[
 
 def run_scenarios(*, quick: bool, seeds: Sequence[int], steps: int, scenarios: Sequence[str] = SCENARIOS,
                   config: ScenarioConfig | None = None) -> list[dict[str, Any]]:
-    """Every scenario cell's record (``cell_record``), a progress line per cell (a full run takes tens of minutes)."""
+    """Every scenario cell's record (``cell_record``), with a progress line per cell (a full run takes
+    tens of minutes)."""
     cells = [(sc, shape) for sc in scenarios for shape in shapes(quick)]
     out = []
     for i, (sc, shape) in enumerate(cells, 1):
-        print(f"scenario cell {i}/{len(cells)}: {sc} {'x'.join(map(str, shape))}, {len(seeds)} seed(s) x {steps} steps ...",
-              flush=True)
+        print(f"scenario cell {i}/{len(cells)}: {sc} {'x'.join(map(str, shape))}, {len(seeds)} seed(s) x "
+              f"{steps} steps ...", flush=True)
         out.append(cell_record(sc, shape, [run_seed(sc, *shape, seed=s, steps=steps, config=config) for s in seeds]))
     return out
 

@@ -33,9 +33,9 @@ measure -> derive -> decide, once per global step:
    bubble, ZBV, DualPipeV, interleaved), and each torch order on osprey's lanes with micro-batch counts in
    proportion to the lanes' current speeds (``<name>@lanes``: routing across replicas while keeping
    torch's order, W in its bubbles, within each pipeline). With unequal lane counts, osprey's own
-   zero-bubble lanes too (``osprey-zb-v``, ``osprey-zb-loop``, and ``osprey-zb3-*``, ``osprey-zb4-*`` over
-   three and four chunks; ``pdml_ray.pipeline.chunked``): an order over those chunks per rank with F, I and W list-scheduled for each lane's own costs and count,
-   within the memory limit, and the counts moved off the lane predicted last while that shortens the
+   zero-bubble lanes too (``osprey-zb-v``, ``osprey-zb-loop``, and ``osprey-zb3-*``, ``osprey-zb4-*``
+   over three and four chunks; ``pdml_ray.pipeline.chunked``): an order over those chunks per rank
+   with F, I and W list-scheduled for each lane's own costs and count, within the memory limit, and the counts moved off the lane predicted last while that shortens the
    step. They are predicted by the simulator on the EMA costs; one that would exceed the memory limit
    is no candidate.
 7. Choice: the candidate with the shortest predicted makespan, the warm-start plan's in-order makespan

@@ -1,8 +1,9 @@
 """Osprey's candidates beside its own lane plans (step 6 of ``pdml_ray.pipeline.osprey``): with
 ``OspreyConfig.plans='any'``, every static order that builds for the shape (gpipe, 1f1b and every torch
-order: split backward and two to four chunks per rank included), each torch order re-cut onto osprey's lanes
-('<name>@lanes') and osprey's zero-bubble lanes over two, three and four chunks per rank (``pdml_ray.pipeline.chunked``:
-'osprey-zb-<layout>', 'osprey-zb3-<layout>', 'osprey-zb4-<layout>', and '-sized' on a step's told sizes), which osprey predicts and chooses among."""
+order: split backward and two to four chunks per rank included), each torch order re-cut onto osprey's
+lanes ('<name>@lanes') and osprey's zero-bubble lanes over two, three and four chunks per rank
+(``pdml_ray.pipeline.chunked``: 'osprey-zb-<layout>', 'osprey-zb3-<layout>', 'osprey-zb4-<layout>', and
+'-sized' on a step's told sizes), which osprey predicts and chooses among."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ class StaticCandidates:
         self.pipeline_config = pipeline_config
         self._statics: dict[str, Plan] | None = None  # every static order that fits the shape, built on first use
         self._on_lanes: dict[tuple[Any, ...], Plan | None] = {}  # torch orders on lanes, by (name, counts, members)
-        self._chunked = tuple(ChunkedLanes(chunks=c, cap=pipeline_config.memory_limit, transfer_s=pipeline_config.transfer_s)
-                              for c in ZERO_BUBBLE_CHUNKS)
+        self._chunked = tuple(ChunkedLanes(chunks=c, cap=pipeline_config.memory_limit,
+                                           transfer_s=pipeline_config.transfer_s) for c in ZERO_BUBBLE_CHUNKS)
 
     def plans(self, lane_counts: Sequence[int] | None, lanes: Lanes) -> dict[str, Plan]:
         """label -> plan: every static order that builds for this shape and, with unequal micro-batch
