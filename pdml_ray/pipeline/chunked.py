@@ -230,8 +230,12 @@ class ChunkedLanes:
 
     def __init__(self, *, chunks: int = 2, cap: float | None = None, transfer_s: float = 0.0) -> None:
         self.chunks, self.cap, self.transfer_s = chunks, cap, transfer_s
-        self.prefix = "osprey-zb" if chunks == 2 else f"osprey-zb{chunks}"
         self._kept: dict[tuple[object, ...], tuple[list[Order], float]] = {}
+
+    @property
+    def prefix(self) -> str:
+        """The candidates' label prefix: 'osprey-zb' at two chunks per rank, 'osprey-zb<chunks>' otherwise."""
+        return "osprey-zb" if self.chunks == 2 else f"osprey-zb{self.chunks}"
 
     def _lane(self, layout: str, costs: tuple[tuple[float, ...], ...], n: int) -> tuple[list[Order], float]:
         key = (layout, costs, n)

@@ -12,10 +12,10 @@ from typing import Any, Callable, Sequence
 from pdml_ray.config import PipelineConfig
 from pdml_ray.errors import ConfigError, PlanError
 from pdml_ray.pipeline.chunked import ChunkedLanes
-from pdml_ray.pipeline.plan import Plan
+from pdml_ray.pipeline.plan import MAX_CHUNKS, Plan
 
-ZERO_BUBBLE_CHUNKS = (2, 3, 4)
-"""Chunks per rank of osprey's zero-bubble lanes, one candidate set each: more chunks shorten the
+ZERO_BUBBLE_CHUNKS = tuple(range(2, MAX_CHUNKS + 1))
+"""Chunks per rank (2, 3, 4) of osprey's zero-bubble lanes, one candidate set each: more chunks shorten the
 pipeline's fill and drain (a chunk's forward reaches the last rank sooner) at more transfers, which
 the prediction counts (``PipelineConfig.transfer_s``); the simulator has no fixed cost per action, so a
 runtime's per-message overhead is not counted (why ``plans='any'`` is for the simulator)."""

@@ -58,6 +58,11 @@ FREES_ACTIVATION: frozenset[Kind] = frozenset({Kind.BACKWARD, Kind.WEIGHT})
 
 _ACTION_RE = re.compile(r"^s([0-9]{1,9})r([0-9]{1,9})([FBIW])([0-9]{1,9})$")  # ASCII digits, at most 9 of each
 
+MAX_CHUNKS = 4
+"""Most chunks per rank (virtual stages) any schedule here plans: torch's interleaved zero bubble at four
+and osprey's zero-bubble lanes up to it. The pipeline axis accepts latencies of up to this many times
+the announced stages."""
+
 MAX_STAGES = MAX_REPLICAS = 4096
 """Most stages in a plan, and most replicas of one stage."""
 MAX_ACTIONS = 1 << 22

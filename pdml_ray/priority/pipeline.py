@@ -32,8 +32,7 @@ from typing import Any
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, MicroBatchPlan, Rejection, WorkerReport
 from pdml_ray.errors import ConfigError, PlanError, ReportError, StateError
-from pdml_ray.pipeline.osprey_candidates import ZERO_BUBBLE_CHUNKS
-from pdml_ray.pipeline.plan import Kind, Measurement, PipelineSchedule
+from pdml_ray.pipeline.plan import MAX_CHUNKS, Kind, Measurement, PipelineSchedule
 from pdml_ray.pipeline.rebalance import LayerMove, Rebalancer, stage_seconds
 from pdml_ray.pipeline.registry import make_schedule
 from pdml_ray.priority.base import Deriver, GaugeValue
@@ -171,9 +170,9 @@ class PipelineDeriver(Deriver):
         stages, replicas, m = self.shape["stages"], self.shape["replicas"], self.shape["microbatches"]
         if rows and type(rows[0]) is tuple and len(rows[0]) == 3 and rows[0][0] == "size":  # noqa: E721
             return self._sizes_rejection(rows, m)
-        # Virtual stages: a plan of chunks per rank (torch's interleaved and V orders, osprey's zero-bubble
-        # lanes, up to max(ZERO_BUBBLE_CHUNKS)) has chunks x stages stages; those plans need equal replica counts.
-        virtual = max(ZERO_BUBBLE_CHUNKS) * stages if len(set(replicas)) == 1 else stages
+        # Virtual stages: a plan of c chunks per rank (torch's interleaved and V orders, osprey's zero-bubble
+        # lanes; c <= MAX_CHUNKS) has c x stages stages; those plans need equal replica counts.
+        virtual = MAX_CHUNKS * stages if len(set(replicas)) == 1 else stages
         for row in rows:
             ok = type(row) is tuple and len(row) == 5  # noqa: E721
             if ok:
