@@ -138,6 +138,7 @@ class SchedulerClient:
         self.transport = transport
         self._connected = transport.connect(connect_timeout_s)
         self._pending: Any = None  # the bundle request in flight (rank 0 only)
+        self._pending_reports = 0  # reports that ride in it (``request``'s ``reports``)
         self._report_calls: list[tuple[Any, int]] = []  # report calls in flight, with how many reports each carries
         self._held: list[tuple] = []  # packed reports held back while MAX_REPORT_CALLS_IN_FLIGHT are pending
         self.failures = 0
@@ -287,12 +288,20 @@ class SchedulerClient:
         """A bundle request is in flight (its answer not yet taken by ``poll``)."""
         return self._pending is not None
 
-    def request(self, boundary: Boundary, since: Mapping[str, int]) -> bool:
+    def request(self, boundary: Boundary, since: Mapping[str, int], reports: Sequence[tuple] = ()) -> bool:
         """Put one bundle request in flight (at most one is pending); False if it did not go out (one
-        was pending, or the scheduler is unreachable)."""
+        was pending, or the scheduler is unreachable). ``reports``: packed rows that travel in the same
+        call (``report_via="boundary"``: the group's, gathered at the boundary); the scheduler ingests
+        them before it decides. Where the request does not go out they go as a report call (held back
+        or dropped and counted as any), and a failed request loses them (counted)."""
         if self._pending is None:
-            self._pending = self._send("bundle", boundary, dict(since))
-            return self._pending is not None
+            args = (PackedReports(list(reports)),) if reports else ()
+            self._pending = self._send("bundle", boundary, dict(since), *args)
+            if self._pending is not None:
+                self._pending_reports = len(reports)
+                return True
+        if reports:
+            self.report_rows(reports)
         return False
 
     def poll_plan(self, block_s: float = 0.0) -> MicroBatchPlan | None:
@@ -317,6 +326,9 @@ class SchedulerClient:
         except SchedulerUnavailableError as e:  # died or restarted: keep the last decision, look it up later
             self._pending = None
             self.failures += 1
+            if self._pending_reports:  # the reports that rode in it are lost with it
+                self.report_calls_failed += 1
+                self.reports_dropped += self._pending_reports
             self._connected = False
             log.warning("scheduler unavailable (%s); training continues on the last decision", e)
             return None

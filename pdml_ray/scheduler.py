@@ -315,15 +315,20 @@ class Scheduler:
                       name, reason, exc_info=not isinstance(error, PDMLError))
 
     # -- outputs -----------------------------------------------------------------------------------
-    def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:
+    def bundle(self, boundary: Boundary, since: Mapping[str, int],
+               reports: list[WorkerReport] | PackedReports | None = None) -> StepBundle:
         """Decisions to adopt at ``boundary.first_step``: per deriver, a new one if it decides so, else
-        its newest if newer than the version ``since[name]`` the workers run on.
+        its newest if newer than the version ``since[name]`` the workers run on. ``reports`` that came
+        with the request (``report_via="boundary"``: the group's, gathered by rank 0) are ingested first,
+        as ``report`` would, so the decision sees them.
 
         Derivers decide here, once per interval, on everything reported so far (deciding on every
         report batch published a version per worker flush, each on partly updated estimates). A
         malformed request is refused with ReportError; a deriver's failure never is (its axis keeps its
         decision and the failure is counted).
         """
+        if reports is not None:
+            self.report(reports)
         t0 = time.perf_counter()
         problem = _request_problem(boundary, since, self.num_workers)
         if problem is not None:

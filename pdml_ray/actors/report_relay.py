@@ -11,8 +11,11 @@ costs the step is therefore what a worker's flush cost before: ``pdml-ray bench 
 plus one Ray call, at 790 us (every 5 steps: ~160 us a step), and the relay's side of it, the gather and a
 share of one call per node, at 101 us per worker flush. What it saves the scheduler: its CPU per report
 fell from 130 to 44 us at 10 steps/s per worker and from 28 to 14 us saturated, and saturated throughput
-rose from 22,900 to 37,400 reports/s (one run each; docs/observability.md). Hence
-``PDMLConfig.report_via="node"`` by default.
+rose from 22,900 to 37,400 reports/s (one run each; docs/observability.md). Hence relays above
+``BOUNDARY_GATHER_MAX_WORKERS`` with ``PDMLConfig.report_via="auto"``, the default. Below it the
+data-parallel loop's reports ride in the collectives its decision boundary already holds, where every
+rank waits for the others anyway (``pdml_ray.train.boundary_reports``): no actor and one call per
+boundary. A relay is an actor with its own idle cost, which on a small cluster is more than it saves.
 
 The relay is named after the run's scheduler and its node, created by the node's first worker (its
 owner: it ends with the worker group) and pinned to that node; ``num_cpus=0``, as the scheduler.
@@ -128,11 +131,13 @@ class RelaySchedulerTransport(RaySchedulerTransport):
         self.result(self._relay.flush.remote(), timeout_s)
 
 
-def worker_transport(scheduler_name: str, namespace: str, report_via: str, members: int) -> RaySchedulerTransport:
-    """A Ray Train worker's transport to its run's scheduler: reports through the node's relay
-    (``report_via="node"``) or straight to the scheduler (``"worker"``). A node with one worker
-    (``members`` 1) reports straight in node mode too: its one call per flush is already the node's one
-    call, and a relay would only add a hop and an idle actor."""
-    if report_via == "node" and members > 1:
+def worker_transport(scheduler_name: str, namespace: str, route: str, members: int) -> RaySchedulerTransport:
+    """A Ray Train worker's transport to its run's scheduler, for its run's ``route``
+    (``PDMLConfig.report_route``): reports through the node's relay (``"node"``), or straight to the
+    scheduler (``"worker"``; and ``"boundary"``, where the straight calls are rank 0's one call per
+    boundary and every rank's final flush). A node with one worker (``members`` 1) reports straight in
+    node mode too: its one call per flush is already the node's one call, and a relay would only add a
+    hop and an idle actor."""
+    if route == "node" and members > 1:
         return RelaySchedulerTransport(scheduler_name, namespace, members)
     return RaySchedulerTransport(scheduler_name, namespace)

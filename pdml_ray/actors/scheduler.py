@@ -262,6 +262,9 @@ class MeteredScheduler(Scheduler):
 
     @ray.method(concurrency_group="reports")
     def report(self, reports: list[WorkerReport] | PackedReports) -> None:  # type: ignore[override]  # ray.method's stub
+        self._ingest(reports)
+
+    def _ingest(self, reports: list[WorkerReport] | PackedReports) -> None:
         # in chunks, releasing the lock between them: a decision waits for one chunk at most, however
         # many reports a client coalesced into this call (each report is whole in one chunk)
         rows: Any = reports.rows if isinstance(reports, PackedReports) else reports
@@ -278,7 +281,10 @@ class MeteredScheduler(Scheduler):
         self._export()
 
     @ray.method(concurrency_group="decisions")
-    def bundle(self, boundary: Boundary, since: Mapping[str, int]) -> StepBundle:  # type: ignore[override]
+    def bundle(self, boundary: Boundary, since: Mapping[str, int],  # type: ignore[override]
+               reports: list[WorkerReport] | PackedReports | None = None) -> StepBundle:
+        if reports is not None:  # the group's reports came with the request: ingested as a report call's
+            self._ingest(reports)
         t0, cpu0 = time.perf_counter(), time.thread_time()
         self._decision_waiting = True  # the report thread yields the lock between chunks (Python's lock is not fair)
         with self._lock:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from pdml_ray.bench.common import add_compute_argument
+from pdml_ray.config.pdml import DEFAULT_REPORT_VIA, REPORT_ROUTES
 from pdml_ray.emulation import check_speed
 
 DESCRIPTION = "uniform shares vs node priorities on workers of uneven (emulated) speed, side by side"
@@ -42,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how gradients are combined: the model wrapped in DDP (weighting hook; default) "
                              "or sharded with FSDP2 (loss scale)")
     add_compute_argument(parser, per_sample_ms=PER_SAMPLE_MS)
+    parser.add_argument("--report-via", choices=REPORT_ROUTES, default=DEFAULT_REPORT_VIA,
+                        help=f"how the workers' reports reach the scheduler (PDMLConfig.report_via; default "
+                             f"{DEFAULT_REPORT_VIA})")
 
 
 PER_SAMPLE_MS = 0.25
@@ -105,7 +109,8 @@ def arm_config(args: argparse.Namespace, speeds: list[float], node_priorities: b
     return PDMLConfig(node_priority=NodePriorityConfig(
         global_batch_size=args.global_batch, emulated_speeds=speeds, enabled=node_priorities,
         emulated_per_sample_s=args.per_sample_ms / 1e3 if args.compute == "sleep" else None,
-        min_batch=max(1, args.global_batch // (16 * len(speeds)))), seed=args.seed, scheduler_name=scheduler_name)
+        min_batch=max(1, args.global_batch // (16 * len(speeds)))), seed=args.seed, scheduler_name=scheduler_name,
+        report_via=getattr(args, "report_via", DEFAULT_REPORT_VIA))
 
 
 class IdleActorFloor:
@@ -144,7 +149,7 @@ class IdleActorFloor:
 
 
 class RelayWatch:
-    """The node report relays' process CPU during a run (``PDMLConfig.report_via="node"``, the default):
+    """The node report relays' process CPU during a run (``PDMLConfig.report_via="node"``, and "auto" above ``BOUNDARY_GATHER_MAX_WORKERS``):
     each relay is an actor of its own, in series with the step on one machine as the scheduler is, and
     it ends with the worker group, so a driver thread reads its ``stats()`` every ``period_s`` while the
     run goes on (one call a second: its cost is in the figure). ``cpu_per_s``: the relays' CPU seconds

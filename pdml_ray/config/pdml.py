@@ -25,6 +25,16 @@ _SECTIONS: dict[str, tuple[type, bool]] = {
     "pipeline": (PipelineConfig, True), "p3": (P3Config, True), "stragglers": (StragglerConfig, True)}
 """Each section field: its config class and whether None is allowed."""
 
+REPORT_ROUTES = ("auto", "boundary", "node", "worker")
+"""The values of ``PDMLConfig.report_via``."""
+DEFAULT_REPORT_VIA = "auto"
+BOUNDARY_GATHER_MAX_WORKERS = 64
+"""``report_via="auto"`` gathers reports in the boundary's collectives up to this many workers. Rank 0
+receives the gather one rank at a time and unpacks every rank's rows (~1 us a row, a few rows per rank),
+in series with its step: at 64 workers ~0.3 ms a boundary, against the ~1 ms of CPU that the call it
+saves costs each worker. At a thousand workers that work, and the one scheduler call carrying all of
+it, would fall on one worker and one actor thread; node relays spread it over the nodes."""
+
 
 @dataclass(kw_only=True, slots=True)
 class PDMLConfig:
@@ -63,12 +73,23 @@ class PDMLConfig:
     replay_log: int = 0
     """Most inputs (reports, observations, shapes, decision requests) the scheduler keeps for a
     deterministic replay of every axis (``pdml_ray.replay``); 0 (the default) keeps none."""
-    report_via: str = "node"
-    """How a Ray Train worker's reports reach the scheduler: ``"node"`` (the default), through a relay
-    actor on its node that sends the node's workers' reports of each flush as one call
-    (``pdml_ray.actors.report_relay``: the scheduler's calls fall by the workers per node; a node with
-    one worker reports straight, without a relay); ``"worker"``, one call per worker straight to the
-    scheduler."""
+    report_via: str = DEFAULT_REPORT_VIA
+    """How a Ray Train worker's reports reach the scheduler:
+
+    - ``"boundary"``: in the data-parallel loop's decision-boundary collective. Every rank already
+      meets there to learn whether a new decision came. Each rank puts its reports into that one
+      all-gather, and rank 0 sends everyone's with its request for the next decision: one call per
+      boundary for the whole group, not one per worker. A pipeline run has no such collective and
+      reports as ``"node"``.
+    - ``"node"``: through a relay actor on each node, which sends the node's workers' reports of each
+      flush as one call (``pdml_ray.actors.report_relay``; a node with one worker reports straight).
+    - ``"worker"``: one call per worker, straight to the scheduler.
+    - ``"auto"`` (the default): ``"boundary"`` up to ``BOUNDARY_GATHER_MAX_WORKERS`` workers, ``"node"``
+      above, where every rank would receive and unpickle every other rank's reports at each boundary.
+
+    Why: a Ray actor call costs the actor 1.3-3.4 ms of CPU at a training pace (about two a second),
+    so the calls, not the reports in them, are most of what reporting costs (docs/observability.md,
+    ``pdml-ray bench hetero --report-via``)."""
     scheduler_name: str | None = None
     """Name of the run's scheduler actor (``pdml-ray status --name``). None: ``PDMLTrainer.fit()`` names
     it after the run (``RunConfig.name``) or, without one, a fresh unique name, so concurrent runs on
@@ -87,9 +108,9 @@ class PDMLConfig:
             if section is not None and not (isinstance(value, section[0]) or (value is None and section[1])):
                 raise ConfigError(f"{f.name} must be a {section[0].__name__}{' or None' if section[1] else ''}, "
                                   f"got {shown(value)}")
-        require(self.report_via in ("node", "worker"),
-                f"report_via must be 'node' (one report call per node, through a relay) or 'worker', got "
-                f"{shown(self.report_via)}")
+        require(self.report_via in REPORT_ROUTES,
+                f"report_via must be one of {', '.join(map(repr, REPORT_ROUTES))} (how reports reach the "
+                f"scheduler), got {shown(self.report_via)}")
         require(isinstance(self.namespace, str) and bool(self.namespace),
                 f"namespace must be a non-empty string (the Ray namespace), got {shown(self.namespace)}")
         require(self.scheduler_name is None or (isinstance(self.scheduler_name, str) and bool(self.scheduler_name)),
@@ -118,6 +139,15 @@ class PDMLConfig:
             return cls.from_dict(data)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
+
+    def report_route(self, world_size: int, boundary_collective: bool = True) -> str:
+        """How reports travel in a run of ``world_size`` workers: ``report_via`` with ``"auto"``
+        resolved, and ``"boundary"`` as ``"node"`` where the loop has no boundary collective
+        (``boundary_collective`` False: a pipeline run) or a single worker has nobody to gather."""
+        route = self.report_via
+        if route == "auto":
+            route = "boundary" if world_size <= BOUNDARY_GATHER_MAX_WORKERS else "node"
+        return route if route != "boundary" or (boundary_collective and world_size > 1) else "node"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

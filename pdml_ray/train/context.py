@@ -14,7 +14,8 @@ During backward each rank's gradient is multiplied by its weight b_i / B and SUM
 communication hook; FSDP2: a loss scale, see ``wrappers``), so every rank holds the mean gradient
 over the global batch when the step block ends. Decisions switch at step
 boundaries (every ``decision_interval`` steps): rank 0 polls the scheduler without blocking and
-broadcasts what it has, so all ranks adopt a new decision at the same step.
+shares what it has in one collective (which also gathers the group's reports, ``report_via``), so
+all ranks adopt a new decision at the same step.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePla
 from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.state_format import check_decision
+from pdml_ray.train.boundary_reports import BoundaryReports
 from pdml_ray.train.result_metrics import pdml_metrics
 from pdml_ray.train.saved_state import SavedRunState, read_saved_run, write_saved_run
 from pdml_ray.train.nonfinite import NonFiniteCounts
@@ -91,6 +93,9 @@ class PDMLContext:
         self._untimed: dict[int, _Untimed] = {}  # finished steps whose compute time is not known yet
         self._open_scope: StepScope | None = None  # the step block being run (DDP's hook ends its compute)
         self._reports: list[WorkerReport] = []
+        self.gathers_reports = config.report_route(world_size) == "boundary"
+        """Reports ride in the boundary's collective to rank 0 (``PDMLConfig.report_via``; the same on
+        every rank, as the collective needs)."""
         self._plans: dict[int, SamplePlan] = {}
         self._axis_decisions: dict[str, list[Any]] = {}  # adopted decisions of other axes (p3), in step order
         self._num_samples: int | None = None
@@ -101,7 +106,12 @@ class PDMLContext:
         self._last_report: WorkerReport | None = None  # the newest timed step's report (``pdml_metrics``)
         if client is not None:
             client.register(rank, accelerator_type)
-        if world_size > 1:
+        self._boundary_reports: BoundaryReports | None = None
+        if self.gathers_reports:  # rank 0 needs every rank's type for the rows it gathers (a barrier too)
+            types: list[Any] = [None] * world_size
+            dist.all_gather_object(types, accelerator_type)
+            self._boundary_reports = BoundaryReports(rank, world_size, device, config.decision_interval, types)
+        elif world_size > 1:
             dist.barrier()  # every worker registered before rank 0 fetches the first decision
 
     # -- model ---------------------------------------------------------------------------------
@@ -337,8 +347,12 @@ class PDMLContext:
                 self.client.set_dataset_size(num_samples)
 
     def _boundary(self) -> None:
-        """At every ``decision_interval``-th step: flush reports, rank 0 polls, everyone adopts together.
-        What the bundle brings takes effect ``lead_steps`` from now (at once with ``epoch()``)."""
+        """At every ``decision_interval``-th step: rank 0 polls, everyone adopts together, reports go
+        out. What the bundle brings takes effect ``lead_steps`` from now (at once with ``epoch()``).
+
+        The ranks meet in a broadcast of what rank 0 polled (a flag, and the bundle only when one came);
+        with ``gathers_reports`` also in a gather of every rank's reports to rank 0, which sends them with
+        its next request: one call per boundary for the group (``boundary_reports``)."""
         k, lead = self.config.decision_interval, self.lead_steps
         t0 = time.perf_counter()
         bundle = None
@@ -351,32 +365,34 @@ class PDMLContext:
                 bundle = self.client.poll(block_s=10.0)
             if bundle is not None and not bundle:
                 bundle = None  # nothing new: skip the broadcast of the bundle itself
+        gathered: list[tuple] = []
+        reports, self._reports = self._reports, []
         if self.world_size > 1:
-            # one tiny broadcast says whether anything came; the pickled bundle only travels when it did
+            # one tiny broadcast says whether anything came; the pickled bundle only travels when it did.
+            # It is pdml-ray's: it counts as overhead, the wait for the last rank to finish its optimizer
+            # step included (an upper bound on what the boundary costs). A close one: with a barrier timed
+            # before it (bench hetero --quick --compute sleep, 2 loaded cores) every rank waited 2-7 ms in
+            # the barrier, rank 0 too, the last to arrive (after its poll), so that wait was the
+            # collective's own latency, not the step's imbalance.
             flag = torch.tensor([1 if bundle is not None else 0], dtype=torch.int32, device=self.device)
-            # This broadcast is pdml-ray's: it counts as overhead, the wait for the last rank to finish
-            # its optimizer step included (an upper bound on what the boundary costs). A close one: with
-            # a barrier timed before it (bench hetero --quick --compute sleep, 2 loaded cores) every rank
-            # waited 2-7 ms in the barrier, rank 0 too, the last to arrive (after its poll), so that wait
-            # was the collective's own latency, not the step's imbalance; the broadcast after it took a
-            # median 0.7-3.4 ms a rank (0.2-0.4 ms of CPU).
             dist.broadcast(flag, src=0)
             if flag.item():
                 box = [bundle]
                 dist.broadcast_object_list(box, src=0)
                 bundle = box[0]
-        # reports go after the broadcast: fire-and-forget, so no rank waits on another's submission
+        if self._boundary_reports is not None:  # the group's reports to rank 0, for its next request
+            gathered, reports = self._boundary_reports.exchange(reports)
+        # reports go after the collectives: fire-and-forget, so no rank waits on another's submission
         if self.client is not None:
-            self.client.report(self._reports)
-        self._reports = []
+            self.client.report(reports)
         if bundle is not None:
             self._adopt(bundle)
         following = (self.global_step // k + 1) * k  # the next boundary (a start-up one may fall between)
         self._horizon = following + lead  # nothing adopted later takes effect before that
         self._startup_boundary = False
         if self.rank == 0 and self.client is not None:
-            # ask now for what the next boundary needs; it has until then to arrive
-            self.client.request(self._boundary_for(following + lead), self.versions)
+            # ask now for what the next boundary needs (the group's reports with it); it has until then
+            self.client.request(self._boundary_for(following + lead), self.versions, gathered)
         dt = time.perf_counter() - t0
         self._step_overhead += dt
         self.overhead_s += dt

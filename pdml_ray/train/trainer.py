@@ -61,7 +61,8 @@ def _run_worker(user_loop: Callable, config: dict) -> Any:
     accel = detect_accelerator_type(device, list(pdml_config.node.accelerator_prior()))
     assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
     client = SchedulerClient(worker_transport(pdml_config.scheduler_name, pdml_config.namespace,
-                                              pdml_config.report_via, train_ctx.get_local_world_size()))
+                                              pdml_config.report_route(train_ctx.get_world_size()),
+                                              train_ctx.get_local_world_size()))
     if pdml["elastic"]:  # this start's worker count, before any worker registers under it
         import torch.distributed as dist
 
@@ -83,8 +84,9 @@ def _run_pipeline_worker(user_loop: Callable, config: dict, pdml_config: PDMLCon
     import ray.train
 
     assert pdml_config.scheduler_name is not None  # fit() names the scheduler before launching workers
-    client = SchedulerClient(worker_transport(pdml_config.scheduler_name, pdml_config.namespace,
-                                              pdml_config.report_via, train_ctx.get_local_world_size()))
+    client = SchedulerClient(worker_transport(
+        pdml_config.scheduler_name, pdml_config.namespace,
+        pdml_config.report_route(train_ctx.get_world_size(), boundary_collective=False), train_ctx.get_local_world_size()))
     accel = detect_accelerator_type(device, [])
     context = PipelineContext(pdml_config, train_ctx.get_world_rank(), train_ctx.get_world_size(), device, client, accel)
     context.report_fn = ray.train.report

@@ -36,7 +36,8 @@ B, N = 64, 500
 def _config() -> PDMLConfig:
     return PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=B, warmup_steps=0, hysteresis=0.0,
                                                        min_batch=4, max_batch=60),
-                      sample_priority=SamplePriorityConfig(), gradient_priority=GradientPriorityConfig())
+                      sample_priority=SamplePriorityConfig(), gradient_priority=GradientPriorityConfig(),
+                      report_via="worker")  # two ranks without a process group: no boundary gather
 
 
 def _drive(s: Scheduler, steps: range, seed: int) -> list[StepBundle]:
