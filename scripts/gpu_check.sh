@@ -9,6 +9,9 @@
 # (make TORCH_SPEC=torch venv), and replaces a CPU-only torch in an existing env with the CUDA build of
 # the same version. With one GPU every check runs at world size 1; multi-rank NCCL (the weighting
 # across ranks, SyncBatchNorm's cross-rank statistics) needs 2 or more, and the JSON says which ran.
+# On a GPU machine with no package index, VENV=DIR uses an environment prepared there: DIR/bin/python
+# with torch's CUDA build, Ray and this project importable, and DIR/.pdml-installed present (make then
+# installs nothing).
 # Exit status: 0 when everything that ran passed (or nothing could run), 1 otherwise. Never part of CI.
 set -u
 cd "$(dirname "$0")/.."

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import logging
 import sys
+import types
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -15,6 +17,7 @@ from typing import Any
 import ray
 import torch
 from ray.exceptions import RayError
+from ray.util import register_serializer
 
 from pdml_ray.actors.scheduler import create_scheduler
 from pdml_ray.actors.report_relay import worker_transport
@@ -45,6 +48,27 @@ def detect_accelerator_type(device: torch.device, known: list[str]) -> str:
         if node.get("NodeID") == node_id:
             return accelerator_from_resources(node.get("Resources", {})) or "CPU"
     return "CPU"
+
+
+def _module_name(module: types.ModuleType) -> str:
+    return module.__name__
+
+
+def pickle_modules_by_name() -> None:
+    """Let Ray pickle a loop written in ``__main__`` that reaches one of torch's module objects.
+
+    Ray pickles such a loop by value, and with it each loaded submodule of a module it uses whose name
+    parts all occur in the loop's code: ``import torch.distributed as dist`` plus any ``.config``
+    (``ctx.config``, a transformers ``model.config``) brings in ``torch.distributed.config``. Several of
+    torch's modules (its config modules, ``torch.backends.*``) are instances of ``ModuleType``
+    subclasses, which cloudpickle cannot pickle: ``fit()`` failed with "cannot pickle
+    'ConfigModuleInstance' object" before training. Ray's own hook for a type it cannot pickle,
+    ``ray.util.register_serializer``, sends each such module by name, imported again where it is
+    loaded (the workers have the same packages). Plain modules keep cloudpickle's own handling."""
+    kinds = {type(m) for m in list(sys.modules.values())
+             if isinstance(m, types.ModuleType) and type(m) is not types.ModuleType}
+    for kind in kinds:
+        register_serializer(kind, serializer=_module_name, deserializer=importlib.import_module)
 
 
 def _run_worker(user_loop: Callable, config: dict) -> Any:
@@ -288,6 +312,7 @@ class PDMLTrainer:
         # built before the scheduler starts: an error here leaves nothing behind
         trainer = TorchTrainer(lambda cfg: _run_worker(loop, cfg), train_loop_config=config,
                                scaling_config=self.scaling_config, run_config=self.run_config, **kwargs)
+        pickle_modules_by_name()  # before trainer.fit() pickles the loop
         scheduler = None
         try:
             scheduler = create_scheduler(pdml_config, self.num_workers, run_name=self.run_config.name)

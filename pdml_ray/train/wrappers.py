@@ -18,7 +18,8 @@ the mean gradient over the global batch. How each wrapper gets there:
   step timer's ``pause()``/``resume()``, so compute time is the model's compute without them
   (otherwise a fast rank's time holds its wait for a slow one and the shares drift towards equal).
   FSDP2 has no public hook there; the brackets wrap those methods of each ``FSDPParamGroup`` (torch
-  2.13), and where they are missing the compute time includes the collectives (``timed_comm`` False).
+  2.11 to 2.13; 2.11 keeps one group per module, 2.13 a list), and where they are missing the compute
+  time includes the collectives (``timed_comm`` False).
 - **A plain module** is wrapped in DDP (as ``ray.train.torch.prepare_model`` does) and gets the
   hook. pdml-ray's own bucketed weighted all-reduce was removed: side by side with DDP's hook it did
   not measurably win (``bench hetero``: speedup 1.87 vs 1.80, inside the repeats' spread), and DDP
@@ -333,7 +334,10 @@ def _bracket_fsdp_collectives(model: nn.Module, owner: GradientCombiner) -> bool
     for m in model.modules():
         if isinstance(m, FSDPModule):
             state = m._get_fsdp_state()  # FSDP2's own accessor
-            groups += [g for g in getattr(state, "_fsdp_param_groups", ()) if g is not None]
+            if hasattr(state, "_fsdp_param_groups"):  # torch 2.13: a list
+                groups += [g for g in state._fsdp_param_groups if g is not None]
+            elif (group := getattr(state, "_fsdp_param_group", None)) is not None:  # torch 2.11: one per module
+                groups.append(group)
     if not groups or not all(hasattr(g, name) for g in groups for name in FSDP_COMM_METHODS):
         return False
     for group in groups:
