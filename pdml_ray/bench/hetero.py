@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from pdml_ray.bench.common import add_compute_argument
-from pdml_ray.config.pdml import DEFAULT_REPORT_VIA, REPORT_ROUTES
+from pdml_ray.config.pdml import DEFAULT_DECISION_INTERVAL, DEFAULT_REPORT_VIA, REPORT_ROUTES
 from pdml_ray.emulation import check_speed
 
 DESCRIPTION = "uniform shares vs node priorities on workers of uneven (emulated) speed, side by side"
@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-via", choices=REPORT_ROUTES, default=DEFAULT_REPORT_VIA,
                         help=f"how the workers' reports reach the scheduler (PDMLConfig.report_via; default "
                              f"{DEFAULT_REPORT_VIA})")
+    parser.add_argument("--decision-interval", type=int, default=DEFAULT_DECISION_INTERVAL,
+                        help="steps between decision boundaries (PDMLConfig.decision_interval; default "
+                             f"{DEFAULT_DECISION_INTERVAL}): fewer boundaries, fewer scheduler calls and collectives")
 
 
 PER_SAMPLE_MS = 0.25
@@ -110,7 +113,8 @@ def arm_config(args: argparse.Namespace, speeds: list[float], node_priorities: b
         global_batch_size=args.global_batch, emulated_speeds=speeds, enabled=node_priorities,
         emulated_per_sample_s=args.per_sample_ms / 1e3 if args.compute == "sleep" else None,
         min_batch=max(1, args.global_batch // (16 * len(speeds)))), seed=args.seed, scheduler_name=scheduler_name,
-        report_via=getattr(args, "report_via", DEFAULT_REPORT_VIA))
+        report_via=getattr(args, "report_via", DEFAULT_REPORT_VIA),
+        decision_interval=getattr(args, "decision_interval", DEFAULT_DECISION_INTERVAL))
 
 
 class IdleActorFloor:

@@ -25,6 +25,8 @@ _SECTIONS: dict[str, tuple[type, bool]] = {
     "pipeline": (PipelineConfig, True), "p3": (P3Config, True), "stragglers": (StragglerConfig, True)}
 """Each section field: its config class and whether None is allowed."""
 
+DEFAULT_DECISION_INTERVAL = 5
+"""``PDMLConfig.decision_interval``'s default: steps between decision boundaries."""
 REPORT_ROUTES = ("auto", "boundary", "node", "worker")
 """The values of ``PDMLConfig.report_via``."""
 DEFAULT_REPORT_VIA = "auto"
@@ -64,7 +66,7 @@ class PDMLConfig:
     p3: P3Config | None = None
     """None (the default): gradients go through DDP's hook. Set it for P3 ordering: per-slice all-reduces in
     priority order with per-layer optimizer steps (``pdml_ray.train.p3_sync``), and the simulator's settings."""
-    decision_interval: int = 5
+    decision_interval: int = DEFAULT_DECISION_INTERVAL
     """Steps between decision boundaries, for every axis that decides at boundaries: node shares, sample
     plans and the gradient rule are re-derived every ``decision_interval`` steps, and all ranks switch
     together at the same step. The pipeline axis plans every step (a plan per step)."""
