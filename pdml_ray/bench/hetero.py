@@ -358,6 +358,17 @@ def targets(result: dict[str, Any], compute: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def settling_steps(steps: int, decision_interval: int) -> int:
+    """The first steps of a run left out of its figures while the shares settle: a third of the run, at
+    least 15, and at least three decision intervals (the first reports go at the first boundary and
+    their decision is adopted two or three boundaries in)."""
+    skip = max(15, steps // 3, 3 * decision_interval)
+    if steps <= skip + 5:
+        raise SystemExit(f"--steps must be above {skip + 5} to leave steady-state steps after settling "
+                         f"(at --decision-interval {decision_interval})")
+    return skip
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
@@ -367,9 +378,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     speeds = parse_speeds(args.speeds, args.workers)
     steps = args.steps or (30 if args.quick else 60)
     repeats = args.repeats or (1 if args.quick else 3)
-    skip = max(15, steps // 3)
-    if steps <= skip + 5:
-        raise SystemExit(f"--steps must be above {skip + 5} to leave steady-state steps after settling")
+    skip = settling_steps(steps, args.decision_interval)
     note = emulation_note(args)
     print(f"bench hetero: {len(speeds)} workers, speeds {speeds}, gradient sync {args.sync}, compute {args.compute} "
           f"({note})")
