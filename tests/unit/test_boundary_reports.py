@@ -51,7 +51,8 @@ def _rank(rank: int, port: int, route: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         config = PDMLConfig(decision_interval=INTERVAL, report_via=route, node_priority=NodePriorityConfig(
-            global_batch_size=32, warmup_steps=0, hysteresis=0.0, ema_alpha=1.0, emulated_speeds=[1.0, 0.5]))
+            global_batch_size=32, warmup_steps=0, hysteresis=0.0, ema_alpha=1.0, emulated_speeds=[1.0, 0.5],
+            emulated_per_sample_s=1e-3))  # compute slept, so CPU load (the whole unit tier) cannot flip a share
         scheduler, recorder = (Scheduler(config, 2), None) if rank == 0 else (None, None)
         client = None
         if scheduler is not None:
@@ -70,8 +71,8 @@ def _rank(rank: int, port: int, route: str, out: str) -> None:
         result = {"adopted": [[s, v, list(b)] for s, v, b in ctx.adopted], "gathers": ctx.gathers_reports}
         if scheduler is not None:
             t = scheduler.telemetry()
-            result.update(calls=recorder.calls, rows=[[int(w), int(s), float(c)] for w, s, c in
-                                                      zip(t["worker_id"], t["step"], t["compute_s"])],
+            result.update(calls=recorder.calls, rows=[[int(w), int(s), float(c) / max(int(n), 1)] for w, s, c, n in
+                                                      zip(t["worker_id"], t["step"], t["compute_s"], t["samples"])],
                           types=list(scheduler.stats().derivers["node"].accelerator_types))
         with open(f"{out}/{rank}.json", "w") as f:
             json.dump(result, f)
@@ -99,7 +100,7 @@ def test_the_groups_reports_ride_in_the_boundary_and_rank_0_sends_them_with_its_
     boundaries = [carried for method, carried in zero["calls"] if method == "bundle"]
     assert [m for m, _ in zero["calls"] if m == "report"] == [] and sum(boundaries) > 0, zero["calls"]
     # rank 1's reports reached the scheduler (it has no client): every step before the last boundary,
-    # with its accelerator type from the gather, its compute time as measured (slower: speed 0.5)
+    # with its accelerator type from the gather, its compute time a sample as measured (slower: speed 0.5)
     rows = {(w, s): c for w, s, c in zero["rows"]}
     last_boundary = (STEPS - 1) // INTERVAL * INTERVAL
     for worker in (0, 1):
