@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from pdml_ray.decisions import WorkerReport
+from pdml_ray.errors import ReportError, UsageError
 
 _NUMERIC = ("worker_id", "step", "samples", "compute_s", "wait_s", "step_s", "overhead_s", "loss", "grad_norm",
             "forward_only")
@@ -54,7 +55,7 @@ class BoundaryReports:
     def __init__(self, rank: int, world_size: int, device: torch.device, decision_interval: int,
                  accelerator_types: Sequence[str]) -> None:
         if len(accelerator_types) != world_size:
-            raise ValueError(f"one accelerator type per rank: {world_size} ranks, got {len(accelerator_types)}")
+            raise ReportError(f"one accelerator type per rank: {world_size} ranks, got {len(accelerator_types)}")
         self.rank, self.world_size, self.device = rank, world_size, device
         self.capacity = capacity(decision_interval)
         self.accelerator_types = tuple(accelerator_types)
@@ -82,7 +83,7 @@ class BoundaryReports:
     def _rows(self, rank: int, t: torch.Tensor) -> list[tuple]:
         count = int(t[0])
         if not 0 <= count <= self.capacity:
-            raise RuntimeError(f"rank {rank}'s boundary reports say {count} rows; at most {self.capacity} fit")
+            raise UsageError(f"rank {rank}'s boundary reports say {count} rows; at most {self.capacity} fit")
         values = t[1:1 + count * len(_NUMERIC)].view(count, len(_NUMERIC)).tolist()
         accel = self.accelerator_types[rank]
         # _NUMERIC's order: worker_id, step, samples, compute_s, wait_s, step_s, overhead_s, loss, grad_norm, forward_only
