@@ -354,20 +354,25 @@ def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, backend:
 
 
 def run_local_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-                    timeout_s: float = 120.0, start_method: str = "spawn") -> list[Any]:
+                    timeout_s: float = 120.0, start_method: str = "forkserver") -> list[Any]:
     """``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a process group on this
     machine (gloo: each with its share of the cores; nccl: rank r on GPU r); their return values in rank
     order. ``fn`` and its results must pickle. A rank that fails raises PlanError with its traceback;
     ranks still running after ``timeout_s`` seconds are stopped (the process group's timeout is the same).
 
-    ``start_method`` 'spawn' (fresh interpreters: safe after Ray, threads or CUDA) or 'fork' (seconds
-    faster: no imports; only from a process that runs no other threads, such as a Ray-free test)."""
+    ``start_method`` 'forkserver' (the default: ranks fork from a fresh, single-threaded server process
+    that imported torch once, so they start in well under a second and are safe after Ray, threads or
+    CUDA in the caller) or 'spawn' (fresh interpreters, each importing torch again). Not 'fork': forking a
+    process that runs other threads (torch's thread pool, gloo's, a test runner's) can copy a heap lock
+    mid-update and corrupt the child's heap ("malloc(): unaligned fastbin chunk detected", seen in CI)."""
     import multiprocessing
 
-    if world_size < 1 or start_method not in ("spawn", "fork") or backend not in ("gloo", "nccl"):
-        raise UsageError(f"run_local_ranks needs world_size >= 1, start_method 'spawn' or 'fork' and backend 'gloo' "
-                         f"or 'nccl', got {world_size}, {start_method!r} and {backend!r}")
+    if world_size < 1 or start_method not in ("forkserver", "spawn") or backend not in ("gloo", "nccl"):
+        raise UsageError(f"run_local_ranks needs world_size >= 1, start_method 'forkserver' or 'spawn' and backend "
+                         f"'gloo' or 'nccl', got {world_size}, {start_method!r} and {backend!r}")
     ctx: Any = multiprocessing.get_context(start_method)  # results are plain data: no tensor sharing needed
+    if start_method == "forkserver":  # takes effect when this process first starts its server
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.distributed.pipelining"])
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank_main, args=(rank, world_size, port, timeout_s, backend, results, fn, args),

@@ -156,8 +156,7 @@ def test_plans_on_torchs_runtime_give_schedule1f1bs_gradients_on_two_gloo_ranks(
     assert zbv.split_backward and zbv.stage_rank == (0, 1, 1, 0), zbv
     plans = {"1f1b": one_f_one_b, "1f1b on torch's loop": one_f_one_b, "zbv": zbv, "zbv on torch's loop": zbv,
              "osprey": osprey}
-    ranks = run_local_ranks(_grads_after_one_step, 2, {name: plan.to_dict() for name, plan in plans.items()},
-                           start_method="fork")  # no Ray in the unit tier: forked ranks skip importing torch again
+    ranks = run_local_ranks(_grads_after_one_step, 2, {name: plan.to_dict() for name, plan in plans.items()})
     # The 1f1b plan runs with deferred receives (gloo); osprey's two-chunk plan falls back to torch's
     # own posting order, which its deferral would break (test above).
     assert [r.pop("1f1b receives deferred") for r in ranks] == [True, True]

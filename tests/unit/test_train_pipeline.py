@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.distributed.pipelining  # noqa: F401 - imported once here (~1 s), not in each forked rank
 
 from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
 from pdml_ray.config import PDMLConfig, PipelineConfig
@@ -84,7 +83,7 @@ def _reference(stages: int) -> tuple[list[float], dict[str, np.ndarray]]:
 def test_stages_by_replicas_equal_full_batch_steps_of_the_unsplit_model(schedule: str, stages: int) -> None:
     # 2 x 2; 4 stages of one replica (no gradient all-reduce; the 5 layers leave one stage parameter-free);
     # 1 stage of 4 replicas (plain data parallel); osprey, planning from the latencies the ranks measure
-    ranks = run_local_ranks(_train, WORKERS, schedule, stages, start_method="fork")  # no Ray here: fork is safe
+    ranks = run_local_ranks(_train, WORKERS, schedule, stages)
     assert [(r["stage"], r["replica"]) for r in ranks] == [(k % stages, k // stages) for k in range(WORKERS)]
     ref_losses, ref_state = _reference(stages)
     initial = {k: v.detach().numpy() for k, v in _model().state_dict().items()}
@@ -148,8 +147,8 @@ def _resumable(rank: int, world_size: int, directory: str, resume: bool, optimiz
 
 def test_a_resumed_run_continues_with_its_optimizer_and_scheduler_state(tmp_path: Path) -> None:
     # 4 Adam steps straight vs 2 steps, a checkpoint, fresh ranks that load it and train 2 more
-    straight = run_local_ranks(_resumable, WORKERS, str(tmp_path), False, True, start_method="fork")
-    resumed = run_local_ranks(_resumable, WORKERS, str(tmp_path), True, True, start_method="fork")
+    straight = run_local_ranks(_resumable, WORKERS, str(tmp_path), False, True)
+    resumed = run_local_ranks(_resumable, WORKERS, str(tmp_path), True, True)
     initial = {k: v.detach().numpy() for k, v in _model().state_dict().items()}
     end, again = straight[0]["state"], resumed[0]["state"]
     moved = max(float(np.abs(end[k] - initial[k]).max()) for k in end)
@@ -162,7 +161,7 @@ def test_a_resumed_run_continues_with_its_optimizer_and_scheduler_state(tmp_path
     # the scheduler resumed from its saved state: rank 0's reports of the first steps are counted (a fresh one: 2)
     assert resumed[0]["reports"] == straight[0]["reports"] == RESUME_STEPS
     # the control: without the optimizer state (Adam's moments and step) the same resume ends elsewhere
-    fresh = run_local_ranks(_resumable, WORKERS, str(tmp_path), True, False, start_method="fork")[0]["state"]
+    fresh = run_local_ranks(_resumable, WORKERS, str(tmp_path), True, False)[0]["state"]
     assert max(float(np.abs(end[k] - fresh[k]).max()) for k in end) > 1e-3
 
 
