@@ -1,6 +1,6 @@
 """Reports in the boundary's collectives (``report_via="boundary"``), over a real two-rank gloo group.
 
-Two forked processes train a small model through ``PDMLContext``. Rank 0 holds a real ``Scheduler``
+Two processes (``run_local_ranks``) train a small model through ``PDMLContext``. Rank 0 holds a real ``Scheduler``
 in its process (its client's transport records every call); rank 1 has no scheduler at all, so
 whatever of its reports reaches the scheduler came through the gather. The same run with
 ``report_via="worker"`` is the control: there rank 0 makes a report call per boundary and rank 1's
@@ -8,10 +8,6 @@ reports, with nowhere to go, never arrive.
 """
 
 from __future__ import annotations
-
-import json
-import multiprocessing
-import socket
 
 import numpy as np
 import pytest
@@ -23,6 +19,7 @@ from pdml_ray.client import LocalSchedulerTransport, PackedReports, SchedulerCli
 from pdml_ray.config import NodePriorityConfig, PDMLConfig
 from pdml_ray.decisions import Boundary, WorkerReport
 from pdml_ray.errors import SchedulerUnavailableError
+from pdml_ray.pipeline.torch_exec import run_local_ranks
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.train.boundary_reports import BoundaryReports, capacity
 from pdml_ray.train.context import PDMLContext
@@ -41,60 +38,42 @@ class Recorder(LocalSchedulerTransport):
         return super().submit(method, *args)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rank(rank: int, world_size: int, route: str) -> dict:
+    config = PDMLConfig(decision_interval=INTERVAL, report_via=route, node_priority=NodePriorityConfig(
+        global_batch_size=32, warmup_steps=0, hysteresis=0.0, ema_alpha=1.0, emulated_speeds=[1.0, 0.5],
+        emulated_per_sample_s=1e-3))  # compute slept, so CPU load (the whole unit tier) cannot flip a share
+    scheduler, recorder = (Scheduler(config, 2), None) if rank == 0 else (None, None)
+    client = None
+    if scheduler is not None:
+        scheduler.register(1, "B")  # rank 1 has no client to register itself
+        recorder = Recorder(scheduler)
+        client = SchedulerClient(recorder)
+    ctx = PDMLContext(config, rank, 2, torch.device("cpu"), "A" if rank == 0 else "B", client)
+    torch.manual_seed(0)
+    model = ctx.prepare_model(torch.nn.Linear(4, 2))
+    x, y = torch.randn(STEPS * 32, 4), torch.randint(0, 2, (STEPS * 32,))
+    for batch in ctx.epoch(0, len(x)):
+        idx = torch.as_tensor(batch.indices)
+        with ctx.step(batch) as step:
+            step.loss(F.cross_entropy(model(x[idx]), y[idx], reduction="none")).backward()
+        model.zero_grad()
+    result = {"adopted": [[s, v, list(b)] for s, v, b in ctx.adopted], "gathers": ctx.gathers_reports}
+    if scheduler is not None:
+        t = scheduler.telemetry()
+        result.update(calls=recorder.calls, rows=[[int(w), int(s), float(c) / max(int(n), 1)] for w, s, c, n in
+                                                  zip(t["worker_id"], t["step"], t["compute_s"], t["samples"])],
+                      types=list(scheduler.stats().derivers["node"].accelerator_types))
+    return result
 
 
-def _rank(rank: int, port: int, route: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        config = PDMLConfig(decision_interval=INTERVAL, report_via=route, node_priority=NodePriorityConfig(
-            global_batch_size=32, warmup_steps=0, hysteresis=0.0, ema_alpha=1.0, emulated_speeds=[1.0, 0.5],
-            emulated_per_sample_s=1e-3))  # compute slept, so CPU load (the whole unit tier) cannot flip a share
-        scheduler, recorder = (Scheduler(config, 2), None) if rank == 0 else (None, None)
-        client = None
-        if scheduler is not None:
-            scheduler.register(1, "B")  # rank 1 has no client to register itself
-            recorder = Recorder(scheduler)
-            client = SchedulerClient(recorder)
-        ctx = PDMLContext(config, rank, 2, torch.device("cpu"), "A" if rank == 0 else "B", client)
-        torch.manual_seed(0)
-        model = ctx.prepare_model(torch.nn.Linear(4, 2))
-        x, y = torch.randn(STEPS * 32, 4), torch.randint(0, 2, (STEPS * 32,))
-        for batch in ctx.epoch(0, len(x)):
-            idx = torch.as_tensor(batch.indices)
-            with ctx.step(batch) as step:
-                step.loss(F.cross_entropy(model(x[idx]), y[idx], reduction="none")).backward()
-            model.zero_grad()
-        result = {"adopted": [[s, v, list(b)] for s, v, b in ctx.adopted], "gathers": ctx.gathers_reports}
-        if scheduler is not None:
-            t = scheduler.telemetry()
-            result.update(calls=recorder.calls, rows=[[int(w), int(s), float(c) / max(int(n), 1)] for w, s, c, n in
-                                                      zip(t["worker_id"], t["step"], t["compute_s"], t["samples"])],
-                          types=list(scheduler.stats().derivers["node"].accelerator_types))
-        with open(f"{out}/{rank}.json", "w") as f:
-            json.dump(result, f)
-    finally:
-        dist.destroy_process_group()
-
-
-def _run(route: str, tmp_path) -> tuple[dict, dict]:
-    fork = multiprocessing.get_context("fork")
-    port = _port()
-    procs = [fork.Process(target=_rank, args=(r, port, route, str(tmp_path))) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0, f"rank process exited with {p.exitcode}"
-    return tuple(json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))  # type: ignore[return-value]
+def _run(route: str) -> tuple[dict, dict]:
+    zero, one = run_local_ranks(_rank, 2, route)
+    return zero, one
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in")
-def test_the_groups_reports_ride_in_the_boundary_and_rank_0_sends_them_with_its_request(tmp_path):
-    zero, one = _run("boundary", tmp_path)
+def test_the_groups_reports_ride_in_the_boundary_and_rank_0_sends_them_with_its_request():
+    zero, one = _run("boundary")
     assert zero["gathers"] and one["gathers"]
     # no report call at any boundary: every report rode in a bundle request (at most one call a boundary)
     boundaries = [carried for method, carried in zero["calls"] if method == "bundle"]
@@ -114,8 +93,8 @@ def test_the_groups_reports_ride_in_the_boundary_and_rank_0_sends_them_with_its_
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in")
-def test_without_the_gather_each_rank_calls_and_rank_1_has_nowhere_to_send(tmp_path):
-    zero, one = _run("worker", tmp_path)
+def test_without_the_gather_each_rank_calls_and_rank_1_has_nowhere_to_send():
+    zero, one = _run("worker")
     assert not zero["gathers"] and not one["gathers"]
     assert [m for m, _ in zero["calls"]].count("report") >= 2
     assert all(carried == 0 for method, carried in zero["calls"] if method == "bundle")
