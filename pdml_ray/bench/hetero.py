@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decision-interval", type=int, default=DEFAULT_DECISION_INTERVAL,
                         help="steps between decision boundaries (PDMLConfig.decision_interval; default "
                              f"{DEFAULT_DECISION_INTERVAL}): fewer boundaries, fewer scheduler calls and collectives")
+    parser.add_argument("--decision-interval-min-s", type=float, default=0.0,
+                        help="seconds between decision boundaries at least (PDMLConfig.decision_interval_min_s; "
+                             "default 0: every --decision-interval steps); the settling window then follows the "
+                             "stretched interval the uniform run's step time gives")
 
 
 PER_SAMPLE_MS = 0.25
@@ -114,7 +118,8 @@ def arm_config(args: argparse.Namespace, speeds: list[float], node_priorities: b
         emulated_per_sample_s=args.per_sample_ms / 1e3 if args.compute == "sleep" else None,
         min_batch=max(1, args.global_batch // (16 * len(speeds)))), seed=args.seed, scheduler_name=scheduler_name,
         report_via=getattr(args, "report_via", DEFAULT_REPORT_VIA),
-        decision_interval=getattr(args, "decision_interval", DEFAULT_DECISION_INTERVAL))
+        decision_interval=getattr(args, "decision_interval", DEFAULT_DECISION_INTERVAL),
+        decision_interval_min_s=getattr(args, "decision_interval_min_s", 0.0))
 
 
 class IdleActorFloor:
@@ -237,6 +242,8 @@ def summarise(result, skip: int, idle_cpu_per_s: float = float("nan"), relays: R
             "relay_cpu_s_per_step": relays.cpu_per_s * step_s if relays is not None and relays.relays else 0.0,
             "relays": relays.relays if relays is not None else 0,
             "comm_s": stats.measurements.get("comm_s", float("nan")) if stats else float("nan"),
+            # rank 0's bundle requests (one a boundary) per step, over the whole run
+            "boundaries_per_step": stats.decision_requests / (steps.max() + 1) if stats else float("nan"),
             "batch_sizes": list(stats.derivers["node"].batch_sizes) if stats else None}
 
 
@@ -365,7 +372,7 @@ def settling_steps(steps: int, decision_interval: int) -> int:
     skip = max(15, steps // 3, 3 * decision_interval)
     if steps <= skip + 5:
         raise SystemExit(f"--steps must be above {skip + 5} to leave steady-state steps after settling "
-                         f"(at --decision-interval {decision_interval})")
+                         f"(boundaries every {decision_interval} steps)")
     return skip
 
 
@@ -373,6 +380,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from pdml_ray.bench.common import check_device, finish, init_ray, print_table
+    from pdml_ray.train.boundary_spacing import stretch
 
     check_device(args.device)
     speeds = parse_speeds(args.speeds, args.workers)
@@ -391,15 +399,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for rep in range(repeats):
             print(f"repeat {rep + 1}/{repeats}: uniform shares ...", flush=True)
             uniform = summarise(run_arm(args, speeds, steps, False, "uniform"), skip)
+            # boundaries a bound in seconds apart: the shares settle over as many stretched intervals
+            interval = args.decision_interval * stretch(args.decision_interval_min_s, uniform["step_s"],
+                                                        args.decision_interval)
+            pdml_skip = settling_steps(steps, interval)
             print(f"repeat {rep + 1}/{repeats}: node priorities ...", flush=True)
             # Ray's idle floor over the same window, from an idle actor of the same config beside the run's
             config = arm_config(args, speeds, True, "pdml-bench-pdml")
             with IdleActorFloor(arm_config(args, speeds, True, "pdml-bench-idle-floor"), len(speeds)) as floor, \
                     RelayWatch(config.scheduler_name, config.namespace) as relays:
                 pdml_run = run_arm(args, speeds, steps, True, "pdml")
-            pdml = summarise(pdml_run, skip, floor.cpu_per_s, relays)
+            pdml = summarise(pdml_run, pdml_skip, floor.cpu_per_s, relays)
             per_repeat.append(figures(uniform, pdml, args.global_batch, sleep_speeds))
-            per_repeat[-1]["shares"] = pdml["shares"]
+            per_repeat[-1].update(shares=pdml["shares"], boundaries_per_step=pdml["boundaries_per_step"],
+                                  steady_state_from_step=pdml_skip)
             print(f"  step uniform {uniform['step_s'] * 1e3:.1f} ms, node priorities {pdml['step_s'] * 1e3:.1f} ms, "
                   f"batch sizes {pdml['batch_sizes']}", flush=True)
             if args.sync == "fsdp":  # the same speeds under DDP: the shares FSDP2's should match
@@ -417,7 +430,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ideal_speedup_no_comm", "speedup_vs_uniform", "efficiency", "efficiency_pdml_rates",
             "comm_s", "extras_s", "loss_uniform", "loss_pdml", "scheduler_overhead_fraction", "worker_overhead_fraction",
             "scheduler_cpu_fraction", "relay_cpu_fraction", "ray_idle_floor_fraction", "pdml_added_overhead_fraction",
-            "overhead_fraction_actor_on_head_node", "step_s_uniform", "step_s_pdml"]
+            "overhead_fraction_actor_on_head_node", "step_s_uniform", "step_s_pdml", "boundaries_per_step"]
     if sleep_speeds is not None:
         keys += ["ideal_speedup_emulated", "share_error_vs_speeds"]
     if args.sync == "fsdp":
@@ -430,7 +443,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.sync == "fsdp":
         result["shares_ddp"] = np.median([r["shares_ddp"] for r in per_repeat], axis=0).tolist()
     result.update(sync=args.sync, compute=args.compute, speeds=speeds, workers=len(speeds), steps=steps,
-                  steady_state_from_step=skip, repeats=repeats, global_batch=args.global_batch,
+                  steady_state_from_step=max(r["steady_state_from_step"] for r in per_repeat), repeats=repeats, global_batch=args.global_batch,
                   hidden=hidden_width(args), batch_sizes=per_repeat[-1]["batch_sizes"], per_repeat=per_repeat)
     if args.compute == "sleep":
         result["per_sample_ms"] = args.per_sample_ms
@@ -460,7 +473,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{result['scheduler_cpu_fraction']:.4f} + {result['relay_cpu_fraction']:.4f})"],
              ["of the actors' CPU: Ray's idle floor (idle actor, same window)", result["ray_idle_floor_fraction"]],
              ["what pdml-ray adds (overhead less the floor)", result["pdml_added_overhead_fraction"]],
-             ["overhead, the scheduler on the head node (workers + relay)", result["overhead_fraction_actor_on_head_node"]]]
+             ["overhead, the scheduler on the head node (workers + relay)", result["overhead_fraction_actor_on_head_node"]],
+             ["decision boundaries per step (one scheduler call each)", result["boundaries_per_step"]]]
     print_table(["figure", "value"], rows,
                 title=f"bench hetero (medians of {repeats} repeat(s); compute {args.compute}; speeds EMULATED)")
     for name, t in result["targets"].items():

@@ -70,6 +70,16 @@ class PDMLConfig:
     """Steps between decision boundaries, for every axis that decides at boundaries: node shares, sample
     plans and the gradient rule are re-derived every ``decision_interval`` steps, and all ranks switch
     together at the same step. The pipeline axis plans every step (a plan per step)."""
+    decision_interval_min_s: float = 0.0
+    """Seconds decision boundaries are at least apart in the data-parallel Ray Train loop (``ctx.step``;
+    0, the default: a boundary every ``decision_interval`` steps; a pipeline run plans every step).
+    Where steps are short, rank 0 stretches the interval to a whole number of decision intervals from
+    its measured step time (at most ``MAX_ROWS / (2 decision_interval)``), and every rank skips the
+    boundaries in between: a boundary costs about the same at any step length (a broadcast, a gather,
+    one scheduler call), so this cuts what pdml-ray costs a short step, at the price of shares that
+    adapt every few seconds rather than every few steps. Runs with sample priorities keep every
+    boundary (their plans follow each interval). ``pdml_ray.train.boundary_spacing``; measured in
+    docs/observability.md."""
     seed: int = 0
     """Seed of the global permutation and of every random draw the scheduler makes."""
     replay_log: int = 0
@@ -79,8 +89,8 @@ class PDMLConfig:
     """How a Ray Train worker's reports reach the scheduler:
 
     - ``"boundary"``: in the data-parallel loop's decision-boundary collective. Every rank already
-      meets there to learn whether a new decision came. Each rank puts its reports into that one
-      all-gather, and rank 0 sends everyone's with its request for the next decision: one call per
+      meets there to learn whether a new decision came. Each rank puts its reports into one gather
+      to rank 0, which sends everyone's with its request for the next decision: one call per
       boundary for the whole group, not one per worker. A pipeline run has no such collective and
       reports as ``"node"``.
     - ``"node"``: through a relay actor on each node, which sends the node's workers' reports of each
@@ -103,6 +113,8 @@ class PDMLConfig:
         check_range(self.seed, "seed", 0, 2**63 - 1, whole=True, hint="of numpy's and torch's generators")
         check_range(self.decision_interval, "decision_interval", 1, MAX_STEPS, whole=True,
                     hint="steps between decision boundaries, e.g. 5")
+        check_range(self.decision_interval_min_s, "decision_interval_min_s", 0.0, 3600.0,
+                    hint="seconds between decision boundaries at least, e.g. 2.0; 0 = every decision_interval steps")
         check_range(self.replay_log, "replay_log", 0, 10**7, whole=True, hint="scheduler inputs kept; 0 = none")
         for f in dataclasses.fields(self):  # sections: the right config class (or None where optional)
             section = _SECTIONS.get(f.name)

@@ -39,6 +39,7 @@ from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.state_format import check_decision
 from pdml_ray.train.boundary_reports import BoundaryReports
+from pdml_ray.train.boundary_spacing import max_stretch, stretch
 from pdml_ray.train.result_metrics import pdml_metrics
 from pdml_ray.train.saved_state import SavedRunState, read_saved_run, write_saved_run
 from pdml_ray.train.nonfinite import NonFiniteCounts
@@ -83,6 +84,11 @@ class PDMLContext:
         self.datasets: dict[str, Any] = {}
         self.elastic = False  # PDMLTrainer(num_workers=(min, max)): a checkpoint may hold another worker count
         self._startup_boundary = False  # a boundary at the first step after an elastic resize (load_scheduler_state)
+        self._next_boundary = 0  # the step of the next boundary (``boundary_spacing`` may skip some in between)
+        self.boundary_stretch = 1
+        """Decision intervals to the next boundary, as rank 0 chose at the last one (``boundary_spacing``)."""
+        self.boundaries = 0  # boundaries this worker ran
+        self._boundary_mark: tuple[int, float] | None = None  # rank 0: (step, perf_counter) of the last boundary
         self.overhead_s = 0.0  # this worker's pdml-ray bookkeeping time (seconds)
         self._params: list[torch.nn.Parameter] = []
         self._combiner: GradientCombiner | None = None
@@ -110,7 +116,8 @@ class PDMLContext:
         if self.gathers_reports:  # rank 0 needs every rank's type for the rows it gathers (a barrier too)
             types: list[Any] = [None] * world_size
             dist.all_gather_object(types, accelerator_type)
-            self._boundary_reports = BoundaryReports(rank, world_size, device, config.decision_interval, types)
+            self._boundary_reports = BoundaryReports(rank, world_size, device, config.decision_interval * (
+                max_stretch(config.decision_interval) if self._stretches else 1), types)
         elif world_size > 1:
             dist.barrier()  # every worker registered before rank 0 fetches the first decision
 
@@ -217,7 +224,7 @@ class PDMLContext:
             # at the start, or resuming: nothing adopted is pending, and the next boundary's decisions take
             # effect lead_steps after it, so every step before that runs on the current decision
             k = self.config.decision_interval
-            self._horizon = -(-self.global_step // k) * k + lead_steps
+            self._horizon = max(-(-self.global_step // k) * k, self._next_boundary) + lead_steps
         if self._sampler_step is None:
             self._sampler_step = self.global_step
         return StepBatchSampler(self, epoch, num_samples)
@@ -313,7 +320,8 @@ class PDMLContext:
         """Start of a step: decisions effective from it take over; at a boundary, fetch new ones."""
         while self._upcoming and self._upcoming[0].effective_step <= self.global_step:
             self._in_force(self._upcoming.pop(0))
-        if self.global_step % self.config.decision_interval == 0 or self._startup_boundary:
+        if self._startup_boundary or (self.global_step % self.config.decision_interval == 0
+                                      and self.global_step >= self._next_boundary):
             self._boundary()
 
     def _in_force(self, decision: NodeDecision) -> None:
@@ -347,14 +355,17 @@ class PDMLContext:
                 self.client.set_dataset_size(num_samples)
 
     def _boundary(self) -> None:
-        """At every ``decision_interval``-th step: rank 0 polls, everyone adopts together, reports go
-        out. What the bundle brings takes effect ``lead_steps`` from now (at once with ``epoch()``).
+        """At every ``decision_interval``-th step (or a whole number of them, ``boundary_spacing``): rank
+        0 polls, everyone adopts together, reports go out. What the bundle brings takes effect
+        ``lead_steps`` from now (at once with ``epoch()``).
 
-        The ranks meet in a broadcast of what rank 0 polled (a flag, and the bundle only when one came);
-        with ``gathers_reports`` also in a gather of every rank's reports to rank 0, which sends them with
-        its next request: one call per boundary for the group (``boundary_reports``)."""
+        The ranks meet in a broadcast of what rank 0 polled (a flag, and the bundle only when one came)
+        and of the intervals to the next boundary; with ``gathers_reports`` also in a gather of every
+        rank's reports to rank 0, which sends them with its next request: one call per boundary for the
+        group (``boundary_reports``)."""
         k, lead = self.config.decision_interval, self.lead_steps
         t0 = time.perf_counter()
+        m = self._stretch_from(t0) if self.rank == 0 else 1
         bundle = None
         if self.rank == 0 and self.client is not None:
             # start-up (or the first step after an elastic resize): may wait briefly, the step has not begun
@@ -374,9 +385,10 @@ class PDMLContext:
             # before it (bench hetero --quick --compute sleep, 2 loaded cores) every rank waited 2-7 ms in
             # the barrier, rank 0 too, the last to arrive (after its poll), so that wait was the
             # collective's own latency, not the step's imbalance.
-            flag = torch.tensor([1 if bundle is not None else 0], dtype=torch.int32, device=self.device)
+            flag = torch.tensor([1 if bundle is not None else 0, m], dtype=torch.int32, device=self.device)
             dist.broadcast(flag, src=0)
-            if flag.item():
+            came, m = flag.tolist()
+            if came:
                 box = [bundle]
                 dist.broadcast_object_list(box, src=0)
                 bundle = box[0]
@@ -387,8 +399,10 @@ class PDMLContext:
             self.client.report(reports)
         if bundle is not None:
             self._adopt(bundle)
-        following = (self.global_step // k + 1) * k  # the next boundary (a start-up one may fall between)
+        following = (self.global_step // k + m) * k  # the next boundary (a start-up one may fall between)
         self._horizon = following + lead  # nothing adopted later takes effect before that
+        self._next_boundary, self.boundary_stretch = following, m
+        self.boundaries += 1
         self._startup_boundary = False
         if self.rank == 0 and self.client is not None:
             # ask now for what the next boundary needs (the group's reports with it); it has until then
@@ -398,7 +412,22 @@ class PDMLContext:
         self.overhead_s += dt
 
     def _boundary_for(self, first_step: int) -> Boundary:
-        return Boundary(first_step, self.config.decision_interval, self.decision_at(first_step).batch_sizes)
+        steps = self.config.decision_interval * self.boundary_stretch
+        return Boundary(first_step, steps, self.decision_at(first_step).batch_sizes)
+
+    @property
+    def _stretches(self) -> bool:
+        """Boundaries may be skipped (``boundary_spacing``): a bound in seconds, and no sample plans."""
+        return self.config.decision_interval_min_s > 0 and self.config.sample_priority is None
+
+    def _stretch_from(self, now: float) -> int:
+        """Rank 0: the decision intervals to the next boundary, from the wall time a step took since the
+        last boundary (1 at the first, and without ``_stretches``)."""
+        mark, self._boundary_mark = self._boundary_mark, (self.global_step, now)
+        if not self._stretches or mark is None or self.global_step <= mark[0]:
+            return 1
+        step_s = (now - mark[1]) / (self.global_step - mark[0])
+        return stretch(self.config.decision_interval_min_s, step_s, self.config.decision_interval)
 
     def _adopt(self, bundle: StepBundle) -> None:
         """Adopt each decision for exactly the step the scheduler stamped on it; a late one is dropped
@@ -501,6 +530,7 @@ class PDMLContext:
             self._position = self._resume = (position[0], position[1])
             self.start_epoch = position[0]
             self.lead_steps, self._upcoming, self._horizon = lead, [], step + lead
+            self._next_boundary = step
             self._startup_boundary = True
             return True
         if self.rank == 0 and self.client is not None:
@@ -514,6 +544,9 @@ class PDMLContext:
         self._resume = self._position
         self.start_epoch = self._position[0]
         self.lead_steps, self._upcoming, self._horizon = lead, list(saved.upcoming), saved.horizon
+        # the boundary the horizon was set at named the next one (horizon - lead): boundaries resume there,
+        # so nothing adopted takes effect before the horizon, whose batches a loader may have cut
+        self._next_boundary = max(0, saved.horizon - lead)
         return True
 
     def _report_timed(self, step: int, span_s: float) -> None:

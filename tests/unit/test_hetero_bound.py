@@ -103,5 +103,5 @@ def test_the_settling_window_grows_with_the_decision_interval():
     enough to leave the unadapted steps out (at interval 20 of 60 steps the efficiency read 0.74)."""
     assert settling_steps(60, 5) == 20 and settling_steps(30, 5) == 15  # the defaults, as before
     assert settling_steps(60, 10) == 30 and settling_steps(120, 20) == 60
-    with pytest.raises(SystemExit, match=r"--steps must be above 65 .*--decision-interval 20"):
+    with pytest.raises(SystemExit, match=r"--steps must be above 65 .*boundaries every 20 steps"):
         settling_steps(60, 20)
