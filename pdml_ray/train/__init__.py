@@ -10,6 +10,7 @@ The modules:
     installed_context.py the context a worker's loop runs with (``get_context``, ``get_pipeline_context``)
     saved_state.py     pdml-ray's state in a data-parallel run's checkpoint: the file, what it holds, its checks
     boundary_reports.py  report_via="boundary": the group's reports gathered to rank 0 at each decision boundary
+    boundary_spacing.py  decision_interval_min_s: how many decision intervals to the next boundary, from the step time
     step.py            the step block (``ctx.step``) and the batch it trains (``StepBatch``)
     nonfinite.py       the non-finite guard's rule, counts (``ctx.nonfinite``) and fused gradient check
     wrappers.py        gradient weights ``b_i / B`` through DDP's hook or FSDP2's loss scale
