@@ -39,7 +39,7 @@ from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.state_format import check_decision
 from pdml_ray.train.boundary_reports import BoundaryReports
-from pdml_ray.train.boundary_spacing import max_stretch, stretch
+from pdml_ray.train.boundary_spacing import SETTLING_BOUNDARIES, max_stretch, stretch
 from pdml_ray.train.result_metrics import pdml_metrics
 from pdml_ray.train.saved_state import SavedRunState, read_saved_run, write_saved_run
 from pdml_ray.train.nonfinite import NonFiniteCounts
@@ -422,9 +422,9 @@ class PDMLContext:
 
     def _stretch_from(self, now: float) -> int:
         """Rank 0: the decision intervals to the next boundary, from the wall time a step took since the
-        last boundary (1 at the first, and without ``_stretches``)."""
+        last boundary (1 for the first ``SETTLING_BOUNDARIES``, and without ``_stretches``)."""
         mark, self._boundary_mark = self._boundary_mark, (self.global_step, now)
-        if not self._stretches or mark is None or self.global_step <= mark[0]:
+        if not self._stretches or mark is None or self.global_step <= mark[0] or self.boundaries < SETTLING_BOUNDARIES:
             return 1
         step_s = (now - mark[1]) / (self.global_step - mark[0])
         return stretch(self.config.decision_interval_min_s, step_s, self.config.decision_interval)

@@ -15,7 +15,7 @@ from pdml_ray.errors import ConfigError
 from pdml_ray.pipeline.torch_exec import run_local_ranks
 from pdml_ray.scheduler import Scheduler
 from pdml_ray.train.boundary_reports import MAX_ROWS, capacity
-from pdml_ray.train.boundary_spacing import max_stretch, stretch
+from pdml_ray.train.boundary_spacing import SETTLING_BOUNDARIES, max_stretch, stretch
 from pdml_ray.train.context import PDMLContext
 
 STEPS, INTERVAL, BATCH = 64, 2, 32
@@ -77,6 +77,8 @@ def test_boundaries_a_bound_apart_are_skipped_alike_on_every_rank_and_decisions_
     assert zero["stretches"] == one["stretches"] and zero["boundaries"] == one["boundaries"]
     assert zero["adopted"] == one["adopted"] and zero["adopted"], zero["adopted"]
     assert max(zero["stretches"]) > 1 and zero["boundaries"] < STEPS // INTERVAL // 2, zero
+    # the first SETTLING_BOUNDARIES boundaries (steps 0, 2, 4, 6) keep every interval: the first shares come as fast
+    assert set(zero["stretches"][:SETTLING_BOUNDARIES * INTERVAL]) == {1}, zero["stretches"]
     # the node shares still follow the speeds (rank 1 emulates half the speed)
     assert all(sizes[1] < sizes[0] for _, _, sizes in zero["adopted"]), zero["adopted"]
     # every step's report up to the last boundary reached the scheduler, rank 1's through the gather
