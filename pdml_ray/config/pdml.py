@@ -77,8 +77,9 @@ class PDMLConfig:
     its measured step time (at most ``MAX_ROWS / (2 decision_interval)``), and every rank skips the
     boundaries in between: a boundary costs about the same at any step length (a broadcast, a gather,
     one scheduler call), so this cuts what pdml-ray costs a short step, at the price of shares that
-    adapt every few seconds rather than every few steps. Runs with sample priorities keep every
-    boundary (their plans follow each interval). ``pdml_ray.train.boundary_spacing``; measured in
+    adapt every few seconds rather than every few steps (the first four boundaries of a run keep every
+    interval, so the first shares come as fast). Runs with sample priorities keep every boundary (their
+    plans follow each interval). ``pdml_ray.train.boundary_spacing``; measured in
     docs/observability.md."""
     seed: int = 0
     """Seed of the global permutation and of every random draw the scheduler makes."""
