@@ -443,7 +443,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.sync == "fsdp":
         result["shares_ddp"] = np.median([r["shares_ddp"] for r in per_repeat], axis=0).tolist()
     result.update(sync=args.sync, compute=args.compute, speeds=speeds, workers=len(speeds), steps=steps,
-                  steady_state_from_step=max(r["steady_state_from_step"] for r in per_repeat), repeats=repeats, global_batch=args.global_batch,
+                  steady_state_from_step=max(r["steady_state_from_step"] for r in per_repeat), repeats=repeats,
+                  global_batch=args.global_batch,
                   hidden=hidden_width(args), batch_sizes=per_repeat[-1]["batch_sizes"], per_repeat=per_repeat)
     if args.compute == "sleep":
         result["per_sample_ms"] = args.per_sample_ms

@@ -12,14 +12,16 @@ for the next boundary), and all ranks still switch decisions at the same steps.
 
 Where m stays 1: with sample priorities (their plans and loss feedback follow every interval, and the
 pay switch measures intervals), for the first ``SETTLING_BOUNDARIES`` boundaries of a run (and of a
-resumed one), and with the bound at 0 (the default). m is at most ``max_stretch``: the boundary gather's capacity (twice the reports of an
-interval, ``boundary_reports.MAX_ROWS`` at most) must hold an interval's reports.
+resumed one), and with the bound at 0 (the default). m is at most ``max_stretch``: the boundary
+gather's capacity (twice the reports of an interval, ``boundary_reports.MAX_ROWS`` at most) must hold
+an interval's reports.
 """
 
 from __future__ import annotations
 
 import math
 
+from pdml_ray.config import PDMLConfig
 from pdml_ray.train.boundary_reports import MAX_ROWS
 
 
@@ -42,3 +44,23 @@ def stretch(min_s: float, step_s: float, decision_interval: int) -> int:
     if not min_s > 0 or not step_s > 0 or not math.isfinite(step_s):
         return 1
     return min(max(1, math.ceil(min_s / (decision_interval * step_s) - 1e-9)), max_stretch(decision_interval))
+
+
+def stretches(config: PDMLConfig) -> bool:
+    """Whether a run's boundaries may be stretched: a bound in seconds, and no sample plans."""
+    return config.decision_interval_min_s > 0 and config.sample_priority is None
+
+
+def widest_interval(config: PDMLConfig) -> int:
+    """Steps one boundary may span at most in this run (what its report gather is sized for)."""
+    k = config.decision_interval
+    return k * (max_stretch(k) if stretches(config) else 1)
+
+
+def next_stretch(config: PDMLConfig, boundaries_run: int, step_s: float) -> int:
+    """Rank 0, at a boundary: decision intervals to the next one, after ``boundaries_run`` boundaries
+    at ``step_s`` seconds a step since the last (1 for the first ``SETTLING_BOUNDARIES``, and where the
+    run does not stretch)."""
+    if not stretches(config) or boundaries_run < SETTLING_BOUNDARIES:
+        return 1
+    return stretch(config.decision_interval_min_s, step_s, config.decision_interval)

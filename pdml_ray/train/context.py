@@ -39,7 +39,7 @@ from pdml_ray.errors import ConfigError, UsageError
 from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.state_format import check_decision
 from pdml_ray.train.boundary_reports import BoundaryReports
-from pdml_ray.train.boundary_spacing import SETTLING_BOUNDARIES, max_stretch, stretch
+from pdml_ray.train.boundary_spacing import next_stretch, widest_interval
 from pdml_ray.train.result_metrics import pdml_metrics
 from pdml_ray.train.saved_state import SavedRunState, read_saved_run, write_saved_run
 from pdml_ray.train.nonfinite import NonFiniteCounts
@@ -116,8 +116,7 @@ class PDMLContext:
         if self.gathers_reports:  # rank 0 needs every rank's type for the rows it gathers (a barrier too)
             types: list[Any] = [None] * world_size
             dist.all_gather_object(types, accelerator_type)
-            self._boundary_reports = BoundaryReports(rank, world_size, device, config.decision_interval * (
-                max_stretch(config.decision_interval) if self._stretches else 1), types)
+            self._boundary_reports = BoundaryReports(rank, world_size, device, widest_interval(config), types)
         elif world_size > 1:
             dist.barrier()  # every worker registered before rank 0 fetches the first decision
 
@@ -415,19 +414,13 @@ class PDMLContext:
         steps = self.config.decision_interval * self.boundary_stretch
         return Boundary(first_step, steps, self.decision_at(first_step).batch_sizes)
 
-    @property
-    def _stretches(self) -> bool:
-        """Boundaries may be skipped (``boundary_spacing``): a bound in seconds, and no sample plans."""
-        return self.config.decision_interval_min_s > 0 and self.config.sample_priority is None
-
     def _stretch_from(self, now: float) -> int:
-        """Rank 0: the decision intervals to the next boundary, from the wall time a step took since the
-        last boundary (1 for the first ``SETTLING_BOUNDARIES``, and without ``_stretches``)."""
+        """Rank 0: the decision intervals to the next boundary (``boundary_spacing.next_stretch``), from
+        the wall time a step took since the last boundary."""
         mark, self._boundary_mark = self._boundary_mark, (self.global_step, now)
-        if not self._stretches or mark is None or self.global_step <= mark[0] or self.boundaries < SETTLING_BOUNDARIES:
+        if mark is None or self.global_step <= mark[0]:
             return 1
-        step_s = (now - mark[1]) / (self.global_step - mark[0])
-        return stretch(self.config.decision_interval_min_s, step_s, self.config.decision_interval)
+        return next_stretch(self.config, self.boundaries, (now - mark[1]) / (self.global_step - mark[0]))
 
     def _adopt(self, bundle: StepBundle) -> None:
         """Adopt each decision for exactly the step the scheduler stamped on it; a late one is dropped
