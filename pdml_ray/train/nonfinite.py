@@ -54,6 +54,9 @@ class NonFiniteCounts:
     events: list[tuple[int, tuple[int, ...], bool]] = field(default_factory=list)
     """The latest 100 steps with an exclusion or a drop: (step, excluded ranks, dropped)."""
 
+    _in_a_row: bool = True
+    """Some count in ``consecutive`` may be above 0 (False: all are 0, the common case)."""
+
     def __post_init__(self) -> None:
         self.excluded = self.excluded or [0] * self.world_size
         self.consecutive = self.consecutive or [0] * self.world_size
@@ -65,20 +68,23 @@ class NonFiniteCounts:
     def record(self, step: int, bad: tuple[int, ...], dropped: bool) -> tuple[int | None, int] | None:
         """Count one step; returns (the rank that reached the limit, or None for dropped steps, and its
         count) when the run must stop."""
-        for j in range(self.world_size):
-            if j in bad:
-                self.excluded[j] += 1
-                self.consecutive[j] += 1
-            else:
-                self.consecutive[j] = 0
+        if bad or self._in_a_row:  # a clean step after clean steps (nearly every step) touches no list
+            for j in range(self.world_size):
+                if j in bad:
+                    self.excluded[j] += 1
+                    self.consecutive[j] += 1
+                else:
+                    self.consecutive[j] = 0
+            self._in_a_row = bool(bad)
         grads_only = dropped and not bad  # finite losses everywhere, non-finite combined gradient
         self.dropped_steps += int(dropped)
         self.consecutive_dropped = self.consecutive_dropped + 1 if grads_only else 0
         if bad or dropped:
             self.events = (self.events + [(step, bad, dropped)])[-100:]
-        worst = max(range(self.world_size), key=lambda j: self.consecutive[j])
-        if self.consecutive[worst] >= self.limit:
-            return worst, self.consecutive[worst]
+        if bad:
+            worst = max(bad, key=lambda j: self.consecutive[j])
+            if self.consecutive[worst] >= self.limit:
+                return worst, self.consecutive[worst]
         if self.consecutive_dropped >= self.limit:
             return None, self.consecutive_dropped
         return None
@@ -86,9 +92,10 @@ class NonFiniteCounts:
 
 def grads_nonfinite(params: list[torch.nn.Parameter], sharded: bool, device: torch.device) -> torch.Tensor:
     """A 1-element float32 tensor on ``device``, > 0 when any gradient holds an inf or a NaN; the same
-    on every rank (under DDP the gradients are the reduced ones, identical everywhere; under FSDP2 each
-    rank holds a shard, so the ranks agree with one tiny all-reduce). Nothing waits for the device
-    here: the caller reads it together with the step's flags, one synchronisation per step.
+    on every rank (under FSDP2 each rank holds a shard, so the ranks agree with one tiny all-reduce).
+    Nothing waits for the device here: the caller reads it together with the step's flags, one
+    synchronisation per step. DDP does not come here: its hook checks each bucket as it is reduced
+    (``wrappers.DDPHook.found_nonfinite``).
 
     The check is PyTorch's own (``torch._amp_foreach_non_finite_check_and_unscale_`` with a scale of
     1, as ``torch.amp.GradScaler`` runs it): one fused kernel per device and dtype instead of a kernel

@@ -424,10 +424,12 @@ class StepScope:
         self._checked = True
         n = ctx.world_size
         if combiner.name != "p3":  # P3 holds the gradients itself (already applied per layer)
-            found = grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)
+            found = combiner.found_nonfinite()  # DDP checked each bucket as it was reduced
+            if found is None:
+                found = grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)
             flags = torch.cat([flags, found.to(flags.dtype)])
         host = flags.tolist()  # the step's one wait for the device
-        bad = tuple(j for j in range(n) if host[j] > 0.5)
+        bad = tuple(j for j in range(n) if host[j] > 0.5) if max(host[:n]) > 0.5 else ()
         # every rank excluded (or only empty batches left), or the combined gradient is not finite
         dropped = (bool(bad) and sum(host[n:2 * n]) <= 0.0) or (len(host) > 3 * n and host[3 * n] > 0.0)
         if dropped:

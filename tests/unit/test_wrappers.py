@@ -218,6 +218,21 @@ def test_a_gradient_that_overflows_in_backward_drops_the_step_and_repeats_end_th
     handle.remove()
 
 
+@pytest.mark.parametrize("layer", [0, 2])  # DDP buckets in reverse order: the last bucket, and the first
+def test_ddp_checks_the_combined_gradient_bucket_by_bucket_as_it_is_reduced(gloo, layer):
+    """Under DDP the combined gradient's check runs in the hook on each reduced bucket (no pass over the
+    parameters after backward): an inf in any bucket drops the step, and a clean step stays clear."""
+    ctx = _ctx()
+    model = ctx.prepare_model(torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.0001))
+    assert not bool(_nan_step(ctx, model, 0, poison=None).dropped)
+    assert float(ctx._combiner.found_nonfinite()) == 0.0
+    handle = model.module[layer].bias.register_hook(lambda g: g * float("inf"))
+    scope = _nan_step(ctx, model, 1, poison=None)
+    assert float(ctx._combiner.found_nonfinite()) > 0 and scope.dropped and scope.excluded == ()
+    handle.remove()
+    assert not _nan_step(ctx, model, 2, poison=None).dropped  # each step's check starts clear
+
+
 def test_the_guard_can_be_turned_off(gloo):
     ctx = _ctx(check_nonfinite=False)
     model = ctx.prepare_model(_model())
