@@ -444,8 +444,9 @@ class StepScope:
                         "others" if bad else "", ("; " if bad else "") + "gradients dropped (nothing finite to apply)"
                         if dropped else "")
         stop = ctx.nonfinite.record(self.batch.step, bad, dropped)
-        ctx._step_overhead += time.perf_counter() - t0
-        ctx.overhead_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0 + combiner.check_s  # with the hook's checks of the reduced buckets
+        ctx._step_overhead += dt
+        ctx.overhead_s += dt
         return stop
 
     def _stop(self, rank: int | None, count: int) -> None:

@@ -143,6 +143,9 @@ class GradientCombiner:
         None: the caller checks the gradients themselves (``nonfinite.grads_nonfinite``)."""
         return None
 
+    check_s: float = 0.0
+    """Seconds this step's reduction spent on that check (the guard's bookkeeping, counted as such)."""
+
     @property
     def launch_s(self) -> float:
         """Seconds of communication launch spent inside backward (not compute)."""
@@ -254,7 +257,9 @@ class DDPHook(GradientCombiner):
             # the combined gradient's check, on the bucket as it is handed back: one fused kernel per
             # bucket (GradScaler's own, with a scale of 1), no pass over the parameters after backward.
             # It only ever sets ``found`` to 1, so buckets completing on other threads may share it
+            t1 = time.perf_counter()
             torch._amp_foreach_non_finite_check_and_unscale_([reduced], found, one)
+            state.check_s += time.perf_counter() - t1
             return reduced
 
         return future.then(renormalise)
@@ -268,7 +273,7 @@ class DDPHook(GradientCombiner):
     def begin(self, weight: float) -> None:
         self.weight, self._last_ready, self._launch, self._launch_before_end = weight, None, 0.0, None
         self.excluded, self._ok, self._flags, self._flags_future = False, None, None, None
-        self._grad_sq, self._found = None, None
+        self._grad_sq, self._found, self.check_s = None, None, 0.0
 
     def local_grad_norm(self) -> torch.Tensor | None:
         return self._grad_sq.sqrt() if self._grad_sq is not None else None
