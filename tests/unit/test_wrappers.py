@@ -226,7 +226,6 @@ def test_ddp_checks_the_combined_gradient_bucket_by_bucket_as_it_is_reduced(gloo
     model = ctx.prepare_model(torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.0001))
     assert not bool(_nan_step(ctx, model, 0, poison=None).dropped)
     assert float(ctx._combiner.found_nonfinite()) == 0.0
-    assert ctx._combiner.check_s > 0 and ctx._reports[-1].overhead_s >= ctx._combiner.check_s  # counted as bookkeeping
     handle = model.module[layer].bias.register_hook(lambda g: g * float("inf"))
     scope = _nan_step(ctx, model, 1, poison=None)
     assert float(ctx._combiner.found_nonfinite()) > 0 and scope.dropped and scope.excluded == ()
