@@ -20,6 +20,7 @@ leaves its collectives out (target 5%).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -215,6 +216,20 @@ def _storage() -> str:
     return tempfile.mkdtemp(prefix="pdml-ray-")
 
 
+def actor_cpu_per_step(marks: Sequence[tuple[int, float]], skip: int) -> float:
+    """The scheduler actor's CPU per step over the steady state (its process: handlers, metrics, Ray's
+    threads), from its ``(last step, process CPU)`` marks, one per report call: from the last mark before
+    step ``skip`` (or the first after it) to the last one, so the span holds whole intervals between
+    calls, which come once a boundary (a stretched boundary may leave one call in the window); NaN
+    where the marks span no step."""
+    before = [m for m in marks if m[0] < skip]
+    inside = [m for m in marks if m[0] >= skip]
+    span = ([before[-1]] if before else []) + inside
+    if len(span) < 2 or span[-1][0] <= span[0][0]:
+        return float("nan")
+    return (span[-1][1] - span[0][1]) / (span[-1][0] - span[0][0])
+
+
 def summarise(result, skip: int, idle_cpu_per_s: float = float("nan"), relays: RelayWatch | None = None) -> dict[str, Any]:
     """Per-step figures from the scheduler's telemetry, steady state (steps >= skip) only;
     ``idle_cpu_per_s``: Ray's idle floor in one actor's CPU (``IdleActorFloor``), ``relays`` the node
@@ -232,9 +247,7 @@ def summarise(result, skip: int, idle_cpu_per_s: float = float("nan"), relays: R
     last = steps >= steps.max() - 4  # final loss: global-batch mean over the last 5 steps
     loss = float((t["loss"][last] * t["samples"][last]).sum() / t["samples"][last].sum())
     step_s = float(np.median(step_time))
-    marks = [(step, cpu) for step, cpu in (stats.process_cpu_marks if stats else ()) if step >= skip]
-    # the scheduler actor's CPU per step over the steady state (its process: handlers, metrics, Ray's threads)
-    cpu_per_step = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0]) if len(marks) >= 2 else float("nan")
+    cpu_per_step = actor_cpu_per_step(stats.process_cpu_marks if stats else (), skip)
     return {"step_s": step_s, "rates": rates, "loss": loss, "extras_s": float(np.median(extras)),
             "shares": (samples / samples.sum()).tolist(),
             "overhead_fraction": float(t["overhead_s"][keep].sum() / t["step_s"][keep].sum()),

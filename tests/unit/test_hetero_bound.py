@@ -105,3 +105,14 @@ def test_the_settling_window_grows_with_the_decision_interval():
     assert settling_steps(60, 10) == 30 and settling_steps(120, 20) == 60
     with pytest.raises(SystemExit, match=r"--steps must be above 65 .*boundaries every 20 steps"):
         settling_steps(60, 20)
+
+
+def test_the_actors_cpu_per_step_spans_whole_intervals_between_calls_and_never_divides_by_zero():
+    from pdml_ray.bench.hetero import actor_cpu_per_step
+
+    # one report call a boundary, every 50 steps, 5 ms of CPU each; the window starts at step 120
+    marks = [(50 * k, 0.005 * k) for k in range(1, 6)]  # steps 50..250
+    assert actor_cpu_per_step(marks, 120) == pytest.approx(0.005 / 50)  # from step 100's call to 250's
+    assert actor_cpu_per_step(marks[:3], 120) == pytest.approx(0.005 / 50)  # one call in the window: 100 -> 150
+    assert np.isnan(actor_cpu_per_step([(100, 0.1), (100, 0.2)], 90))  # no step between the marks
+    assert np.isnan(actor_cpu_per_step([], 0)) and np.isnan(actor_cpu_per_step([(10, 0.1)], 0))
