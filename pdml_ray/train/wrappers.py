@@ -62,6 +62,7 @@ supported ones: their reductions would silently average the weighted gradients a
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -141,7 +142,7 @@ class GradientCombiner:
 
     def found_nonfinite(self) -> torch.Tensor | None:
         """Whether this step's combined gradient holds an inf or a NaN, as the reduction found it (a
-        1-element float32 tensor on the gradients' device, > 0 if so), or None: the caller checks the
+        1-element floating tensor on the gradients' device, > 0 if so), or None: the caller checks the
         gradients themselves (``nonfinite.grads_nonfinite``)."""
         return None
 
@@ -225,8 +226,7 @@ class DDPHook(GradientCombiner):
             tensor.masked_fill_(~ok, 0.0)
         numel, first, last = tensor.numel(), state._flags_future is None, bucket.is_last()
         # float64 side values: the flags with the step's first bucket, the squared norms sent with its last
-        parts = ([state._flag_vector(tensor.device)] if first else []) + ([state._sent_sq(ok)] if last else [])
-        side = (torch.cat(parts) if len(parts) > 1 else parts[0]) if parts else None
+        side = state._side(tensor.device, first, last) if first or last else None
         if side is not None and first and tensor.dtype in (torch.float32, torch.float64):
             # they ride the first bucket (the same on every rank): no extra collective
             tensor = torch.cat([tensor, side.to(tensor.dtype)])
@@ -281,14 +281,24 @@ class DDPHook(GradientCombiner):
         """This step's flag vector once backward is done (None if no bucket ran: no backward)."""
         return self._flags if self._flags_future is not None else None
 
-    def _sent_sq(self, ok: torch.Tensor) -> torch.Tensor:
-        """This rank's squared gradient norm over the step's buckets as it sends them (0 when excluded:
-        its buckets go as zeros), a 1-element float64 tensor; at the last bucket every norm is in."""
-        assert self._grad_sq is not None
-        sq = self._grad_sq.reshape(1).to(torch.float64)
+    def _side(self, device: torch.device, flags: bool, sq: bool) -> torch.Tensor:
+        """The float64 values all-reduced beside the buckets: the flags (``nonfinite_flags``) with the
+        step's first bucket, and with its last this rank's squared gradient norm over the step's buckets
+        as it sends them (0 when excluded: its buckets go as zeros; at the last bucket every norm is in).
+        On the host when the loss is (a CPU run): one tensor built from Python values, not an op a value."""
+        ok, n, rank, w = self._ok, self._world, self._rank, self.weight
+        assert ok is not None and self._grad_sq is not None
         if ok.device.type == "cpu":
-            return sq if bool(ok) else torch.zeros_like(sq)
-        return torch.where(ok, sq, torch.zeros_like(sq))
+            good = bool(ok)
+            values = [0.0] * (3 * n) if flags else []
+            if flags:
+                values[rank], values[n + rank], values[2 * n + rank] = (0.0, w, w) if good else (1.0, 0.0, w)
+            if sq:
+                values.append(float(self._grad_sq) if good else 0.0)
+            return torch.tensor(values, dtype=torch.float64, device=device)
+        parts = ([nonfinite_flags(ok, rank, n, w, device)] if flags else []) + (
+            [torch.where(ok, self._grad_sq.to(torch.float64), 0.0).reshape(1)] if sq else [])
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def found_nonfinite(self) -> torch.Tensor | None:
         """The sum over ranks of the squared norms they sent is finite exactly when no rank sent an inf or
@@ -299,11 +309,9 @@ class DDPHook(GradientCombiner):
         if self._sq_future is None or self._sq is None:
             return None
         self._sq_future.wait()  # with the last bucket: done by the end of backward, or nearly
-        return (~torch.isfinite(self._sq)).to(torch.float32)
-
-    def _flag_vector(self, device: torch.device) -> torch.Tensor:
-        assert self._ok is not None
-        return nonfinite_flags(self._ok, self._rank, self._world, self.weight, device)
+        if self._sq.device.type == "cpu":
+            return torch.tensor([0.0 if math.isfinite(float(self._sq)) else 1.0], dtype=self._sq.dtype)
+        return (~torch.isfinite(self._sq)).to(self._sq.dtype)
 
     def compute_end(self) -> float | None:
         return self._last_ready
