@@ -95,7 +95,7 @@ def grads_nonfinite(params: list[torch.nn.Parameter], sharded: bool, device: tor
     on every rank (under FSDP2 each rank holds a shard, so the ranks agree with one tiny all-reduce).
     Nothing waits for the device here: the caller reads it together with the step's flags, one
     synchronisation per step. DDP does not come here: its hook has the answer from the squared norms it
-    takes of each bucket anyway (``wrappers.DDPHook.found_nonfinite``).
+    takes of each bucket anyway (``wrappers.DDPHook.combined_nonfinite``).
 
     The check is PyTorch's own (``torch._amp_foreach_non_finite_check_and_unscale_`` with a scale of
     1, as ``torch.amp.GradScaler`` runs it): one fused kernel per device and dtype instead of a kernel

@@ -423,15 +423,16 @@ class StepScope:
             return None
         self._checked = True
         n = ctx.world_size
-        if combiner.name != "p3":  # P3 holds the gradients itself (already applied per layer)
-            found = combiner.found_nonfinite()  # DDP checked each bucket as it was reduced
-            if found is None:
-                found = grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)
+        # P3 holds the gradients itself (already applied per layer); DDP's hook knows from the norms
+        overflow = combiner.combined_nonfinite() if combiner.name != "p3" else False
+        if overflow is None:  # FSDP2: check the gradients, read with the flags (one wait for the device)
+            found = grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)
             flags = torch.cat([flags, found.to(flags.dtype)])
-        host = flags.tolist()  # the step's one wait for the device
+        host = flags.tolist()  # the step's wait for the device
         bad = tuple(j for j in range(n) if host[j] > 0.5) if max(host[:n]) > 0.5 else ()
+        overflow = host[3 * n] > 0.0 if overflow is None else overflow
         # every rank excluded (or only empty batches left), or the combined gradient is not finite
-        dropped = (bool(bad) and sum(host[n:2 * n]) <= 0.0) or (len(host) > 3 * n and host[3 * n] > 0.0)
+        dropped = (bool(bad) and sum(host[n:2 * n]) <= 0.0) or overflow
         if dropped:
             for p in ctx._params:
                 p.grad = None  # optimizer.step() skips parameters without a gradient: state untouched

@@ -50,7 +50,7 @@ Whether the combined gradient is finite (it can overflow where every loss was fi
 squared norms the hook takes of each bucket anyway (each rank's ``grad_norm``): the step's last bucket
 carries every rank's sum of them (or, after an earlier first bucket, one float64 all-reduce of its own),
 and that sum is finite exactly when nothing sent was an inf, a NaN or above ~1.8e19
-(``DDPHook.found_nonfinite``). It replaced a pass over every gradient after backward, a memory-bound
+(``DDPHook.combined_nonfinite``). It replaced a pass over every gradient after backward, a memory-bound
 check that on ``bench hetero``'s real-compute model (1.3 M parameters, 2 cores) cost ~0.7% of the step.
 Under FSDP2 (and P3) the vector is all-reduced in ``step.loss`` itself (FSDP2's compute time already
 includes its collectives); an excluded rank's reduce-scatter input is zeroed by a custom
@@ -140,10 +140,10 @@ class GradientCombiner:
         """``time.perf_counter()`` when backward's compute ended, if known (else the caller's now)."""
         return None
 
-    def found_nonfinite(self) -> torch.Tensor | None:
-        """Whether this step's combined gradient holds an inf or a NaN, as the reduction found it (a
-        1-element floating tensor on the gradients' device, > 0 if so), or None: the caller checks the
-        gradients themselves (``nonfinite.grads_nonfinite``)."""
+    def combined_nonfinite(self) -> bool | None:
+        """Whether this step's combined gradient holds an inf or a NaN, as the reduction found it (read on
+        the host once backward is done), or None: the caller checks the gradients themselves
+        (``nonfinite.grads_nonfinite``)."""
         return None
 
 
@@ -300,18 +300,17 @@ class DDPHook(GradientCombiner):
             [torch.where(ok, self._grad_sq.to(torch.float64), 0.0).reshape(1)] if sq else [])
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
-    def found_nonfinite(self) -> torch.Tensor | None:
+    def combined_nonfinite(self) -> bool | None:
         """The sum over ranks of the squared norms they sent is finite exactly when no rank sent an inf or
         a NaN and no element reached ~1.8e19 (its square overflows float32; the sum of the buckets cannot
         overflow below that): then the combined gradient is finite. The norms are taken anyway (each
         rank's ``grad_norm``), so the check is one float on the step's collectives, not a pass over the
-        gradients; a gradient with an element above ~1.8e19 counts as an overflow."""
+        gradients; a gradient with an element above ~1.8e19 counts as an overflow. None where no guarded
+        bucket ran this step."""
         if self._sq_future is None or self._sq is None:
             return None
         self._sq_future.wait()  # with the last bucket: done by the end of backward, or nearly
-        if self._sq.device.type == "cpu":
-            return torch.tensor([0.0 if math.isfinite(float(self._sq)) else 1.0], dtype=self._sq.dtype)
-        return (~torch.isfinite(self._sq)).to(self._sq.dtype)
+        return not math.isfinite(float(self._sq))  # a GPU: after the flags' read, nothing left to wait for
 
     def compute_end(self) -> float | None:
         return self._last_ready
