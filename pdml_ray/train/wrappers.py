@@ -146,7 +146,6 @@ class GradientCombiner:
         (``nonfinite.grads_nonfinite``)."""
         return None
 
-
     @property
     def launch_s(self) -> float:
         """Seconds of communication launch spent inside backward (not compute)."""
@@ -310,7 +309,7 @@ class DDPHook(GradientCombiner):
         if self._sq_future is None or self._sq is None:
             return None
         self._sq_future.wait()  # with the last bucket: done by the end of backward, or nearly
-        return not math.isfinite(float(self._sq))  # a GPU: after the flags' read, nothing left to wait for
+        return not math.isfinite(float(self._sq))  # a GPU: one small read; the flags' read then waits for nothing
 
     def compute_end(self) -> float | None:
         return self._last_ready
