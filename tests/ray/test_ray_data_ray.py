@@ -54,8 +54,12 @@ def test_every_row_once_per_epoch_at_changing_unequal_sizes(run):
     for epoch in (0, 1):
         ids = [i for line in history if line["epoch"] == epoch for rank in line["ids"] for i in rank]
         assert sorted(ids) == list(range(N)), f"epoch {epoch}"
+    # the restarted run's ranks adopt the same decisions at the same steps; it may adopt none: it starts on
+    # the decision its checkpoint holds, and where the shares had settled before the crash the node
+    # deriver's hysteresis keeps that one (a CI run on a loaded machine adopted none). That the shares
+    # follow the speeds over the run is the history's to show, below
     adopted = [rank["adopted"] for rank in run["ranks"]]
-    assert adopted[0] == adopted[1] and len(adopted[0]) >= 1, f"no decision adopted ({run['ranks'][0]['stale']} came late)"
+    assert adopted[0] == adopted[1], f"the ranks adopted different decisions ({run['ranks'][0]['stale']} came late)"
     assert len({tuple(line["sizes"]) for line in history}) >= 2  # the sizes changed during the run
     assert history[-1]["sizes"][0] > history[-1]["sizes"][1]  # the emulated-fast worker ends with more
 
