@@ -156,7 +156,14 @@ def nonfinite_flags(ok: torch.Tensor, rank: int, world_size: int, weight: float,
                     device: torch.device) -> torch.Tensor:
     """This rank's part of the non-finite guard's ``3 x world_size`` float64 vector (zeros elsewhere;
     all-reduced, every rank's): ``[excluded_j | w_j ok_j | w_j]``. ``ok``: a 0-d bool, this rank's
-    loss finite."""
+    loss finite. A loss on the host (a CPU run) gives one tensor built from Python values, not an op a
+    value (each small op is paid in the step there)."""
+    if ok.device.type == "cpu":
+        good = bool(ok)
+        values = [0.0] * (3 * world_size)
+        values[rank], values[world_size + rank], values[2 * world_size + rank] = (
+            (0.0, weight, weight) if good else (1.0, 0.0, weight))
+        return torch.tensor(values, dtype=torch.float64, device=device)
     flags = torch.zeros(3 * world_size, dtype=torch.float64, device=device)
     ok64 = ok.to(device=device, dtype=torch.float64)
     flags[rank] = 1.0 - ok64
@@ -283,20 +290,14 @@ class DDPHook(GradientCombiner):
     def _side(self, device: torch.device, flags: bool, sq: bool) -> torch.Tensor:
         """The float64 values all-reduced beside the buckets: the flags (``nonfinite_flags``) with the
         step's first bucket, and with its last this rank's squared gradient norm over the step's buckets
-        as it sends them (0 when excluded: its buckets go as zeros; at the last bucket every norm is in).
-        On the host when the loss is (a CPU run): one tensor built from Python values, not an op a value."""
-        ok, n, rank, w = self._ok, self._world, self._rank, self.weight
+        as it sends them (0 when excluded: its buckets go as zeros; at the last bucket every norm is in)."""
+        ok = self._ok
         assert ok is not None and self._grad_sq is not None
-        if ok.device.type == "cpu":
-            good = bool(ok)
-            values = [0.0] * (3 * n) if flags else []
-            if flags:
-                values[rank], values[n + rank], values[2 * n + rank] = (0.0, w, w) if good else (1.0, 0.0, w)
-            if sq:
-                values.append(float(self._grad_sq) if good else 0.0)
-            return torch.tensor(values, dtype=torch.float64, device=device)
-        parts = ([nonfinite_flags(ok, rank, n, w, device)] if flags else []) + (
-            [torch.where(ok, self._grad_sq.to(torch.float64), 0.0).reshape(1)] if sq else [])
+        parts = [nonfinite_flags(ok, self._rank, self._world, self.weight, device)] if flags else []
+        if sq and ok.device.type == "cpu":  # a host value: one op
+            parts.append(torch.tensor([float(self._grad_sq) if bool(ok) else 0.0], dtype=torch.float64))
+        elif sq:
+            parts.append(torch.where(ok, self._grad_sq.to(torch.float64), 0.0).reshape(1))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def combined_nonfinite(self) -> bool | None:
