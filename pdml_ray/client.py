@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from pdml_ray.decisions import Boundary, MicroBatchPlan, StepBundle, WorkerReport
-from pdml_ray.errors import ConfigError, SchedulerUnavailableError
+from pdml_ray.errors import ConfigError, ReportError, SchedulerUnavailableError
 from pdml_ray.pipeline.prediction import replan_due
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,18 @@ class SchedulerClient:
 
     def set_dataset_size(self, num_samples: int) -> None:
         self._startup_call("set_dataset_size", num_samples)
+
+    def set_irreducible_losses(self, step: int, losses: Any) -> None:
+        """rho-loss: every sample's irreducible loss to the sample axis (start-up, blocking; an observation,
+        so a replay log keeps it). ReportError where the scheduler refuses them (``pdml-ray status`` shows
+        why); without a scheduler they are skipped, as every start-up call is."""
+        try:
+            taken = self.call("observe", "sample", step, [("irreducible", losses)], timeout_s=60.0)
+        except SchedulerUnavailableError as e:
+            log.warning("set_irreducible_losses skipped: %s", e)
+            return
+        if not taken:
+            raise ReportError("the scheduler refused the irreducible losses; `pdml-ray status` shows why")
 
     def set_shape(self, axis: str, shape: Mapping[str, Any]) -> None:
         """Tell axis ``axis`` the shape it plans for (start-up, blocking), e.g. the node axis a model's

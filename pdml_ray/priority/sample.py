@@ -80,6 +80,23 @@ _MAX_MASS = 1e300
 overflow with room for the unseen group's mass, so no sum the sampler or a checkpoint holds is inf."""
 
 
+def irreducible_problem(losses: Any, num_samples: int | None = None) -> str | None:
+    """Why ``losses`` cannot be a table's irreducible losses, or None: a 1-D array of finite numbers >= 0
+    (per-sample losses of the irreducible-loss model), one per sample where ``num_samples`` is given.
+    The one check of the table, the scheduler's sample axis and ``PDMLContext.set_irreducible_losses``."""
+    try:
+        il = np.asarray(losses, dtype=np.float64)
+    except (TypeError, ValueError):
+        return f"irreducible losses must be numbers, got {type(losses).__name__}"
+    if il.ndim != 1:
+        return f"irreducible losses must be one loss per sample, a 1-D array; got shape {il.shape}"
+    if num_samples is not None and il.size != num_samples:
+        return f"one irreducible loss per sample of the data set: {num_samples} expected, got {il.size}"
+    if not (np.all(np.isfinite(il)) and (il.size == 0 or il.min() >= 0.0)):
+        return "irreducible losses must be finite and >= 0 (per-sample losses of the irreducible-loss model)"
+    return None
+
+
 class SamplePrioritizer(SampleDraws):
     """The cluster-wide per-sample score table and the sampler built on it (pure numpy, no Ray)."""
 
@@ -172,9 +189,9 @@ class SamplePrioritizer(SampleDraws):
         if idx.shape != il.shape or (idx.size and (idx.min() < 0 or idx.max() >= self.num_samples)):
             raise ReportError(f"set_irreducible_losses: one loss per index, indices in [0, {self.num_samples}); got "
                               f"{idx.size} indices and {il.size} losses")
-        if not (np.all(np.isfinite(il)) and (il.size == 0 or il.min() >= 0.0)):
-            raise ReportError("set_irreducible_losses: irreducible losses must be finite and >= 0 (per-sample losses "
-                              "of the irreducible-loss model)")
+        problem = irreducible_problem(il)
+        if problem is not None:
+            raise ReportError(f"set_irreducible_losses: {problem}")
         self.irreducible[idx] = il
 
     def note_step_seconds(self, seconds: float) -> None:

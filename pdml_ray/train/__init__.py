@@ -31,14 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 from pdml_ray.train.context import PDMLContext, StepBatch
 from pdml_ray.train.installed_context import get_context, get_pipeline_context
+from pdml_ray.train.irreducible import carve_holdout, fit_crossfit_irreducible_losses, fit_irreducible_losses
 from pdml_ray.train.pipeline import PipelineContext
 from pdml_ray.train.workloads import classification_loop
 
 if TYPE_CHECKING:
     from pdml_ray.train.trainer import PDMLRunInfo, PDMLTrainer
 
-__all__ = ["PDMLContext", "PDMLRunInfo", "PDMLTrainer", "PipelineContext", "StepBatch", "classification_loop",
-           "get_context", "get_pipeline_context"]
+__all__ = ["PDMLContext", "PDMLRunInfo", "PDMLTrainer", "PipelineContext", "StepBatch", "carve_holdout",
+           "classification_loop", "fit_crossfit_irreducible_losses", "fit_irreducible_losses", "get_context",
+           "get_pipeline_context"]
 
 
 def __getattr__(name: str) -> Any:

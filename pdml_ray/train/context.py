@@ -36,6 +36,7 @@ from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.errors import ConfigError, UsageError
+from pdml_ray.priority.sample import irreducible_problem
 from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.state_format import check_decision
 from pdml_ray.train.boundary_reports import BoundaryReports
@@ -105,6 +106,7 @@ class PDMLContext:
         self._plans: dict[int, SamplePlan] = {}
         self._axis_decisions: dict[str, list[Any]] = {}  # adopted decisions of other axes (p3), in step order
         self._num_samples: int | None = None
+        self._irreducible_count: int | None = None  # rho-loss: how many irreducible losses were set
         self._step_t0 = time.perf_counter()
         self._step_overhead = 0.0
         self.nonfinite = NonFiniteCounts(world_size, config.node.max_consecutive_nonfinite)
@@ -170,6 +172,26 @@ class PDMLContext:
         """Store a named measurement with the scheduler (fire-and-forget), e.g. for a benchmark."""
         if self.client is not None:
             self.client.record_measurement(name, value)
+
+    def set_irreducible_losses(self, losses: Any) -> None:
+        """rho-loss (``sample_priority.mode='rho-loss'``): every training sample's irreducible loss, float
+        (N,), finite, >= 0, sample i at index i of the data set the epochs draw from; the table then ranks
+        sample i by its loss minus ``losses[i]``. Compute them with ``pdml_ray.train.irreducible`` (a
+        holdout, or folds cross-fitted on the training set) inside the loop, so their cost is the run's,
+        or before ``fit`` and pass them in ``train_loop_config``. Call it on every rank, before or after
+        the first epoch (rank 0 sends them; blocking); a resumed run's table has them from its checkpoint
+        and takes them again. ConfigError in another mode, or where N is not the data set's size."""
+        sp = self.config.sample_priority
+        if sp is None or sp.mode != "rho-loss":
+            raise ConfigError("set_irreducible_losses needs PDMLConfig(sample_priority=SamplePriorityConfig("
+                              f"mode='rho-loss')); this run's sample priorities are {sp.mode if sp else 'off'!r}")
+        il = np.asarray(losses.detach().cpu() if isinstance(losses, torch.Tensor) else losses, dtype=np.float64)
+        problem = irreducible_problem(il, self._num_samples)
+        if problem is not None:
+            raise ConfigError(f"set_irreducible_losses: {problem}")
+        self._irreducible_count = il.size
+        if self.rank == 0 and self.client is not None:
+            self.client.set_irreducible_losses(self.global_step, il)
 
     def observe(self, axis: str, step: int, rows: list[tuple]) -> None:
         """Rank 0: one step's telemetry for ``axis`` beyond worker reports, fire-and-forget (P3's link,
@@ -268,8 +290,10 @@ class PDMLContext:
                 before(step)
                 plan = self._plans.pop(step, None) or self._uniform_plan(step)
                 sizes = [len(i) for i in plan.indices]
-                yield StepBatch(step, epoch, plan.indices[self.rank], sizes[self.rank] / sum(sizes),
-                                self.decision_at(step).version, plan.weights[self.rank], end_offset=k + 1,
+                # a plan that came through Ray holds read-only arrays, and torch warns on taking one in
+                indices, weights = (np.require(a[self.rank], requirements="W") for a in (plan.indices, plan.weights))
+                yield StepBatch(step, epoch, indices, sizes[self.rank] / sum(sizes),
+                                self.decision_at(step).version, weights, end_offset=k + 1,
                                 backprop_threshold=plan.backprop_threshold, feedback=plan.feedback,
                                 uniform_weights=plan.uniform)
                 step += 1
@@ -348,6 +372,9 @@ class PDMLContext:
 
     # -- decisions -----------------------------------------------------------------------------
     def _set_num_samples(self, num_samples: int) -> None:
+        if self._irreducible_count not in (None, num_samples):
+            raise ConfigError(f"{self._irreducible_count} irreducible losses were set (set_irreducible_losses) for a "
+                              f"data set of {num_samples} samples: give one per sample")
         if self._num_samples != num_samples:
             self._num_samples = num_samples
             if self.rank == 0 and self.client is not None and self.config.sample_priority is not None:

@@ -76,6 +76,13 @@ def sampling_loop(config):
     x, y = make_classification(n, 16, 2, seed=3)
     y = y.clone()
     y[:hard] = 1 - y[:hard]  # samples [0, hard) are mislabelled: the model keeps getting them wrong
+    if config.get("rho"):  # rho-loss: each half scored by a model trained on the other, as a user's loop does
+        from pdml_ray.train.irreducible import fit_crossfit_irreducible_losses
+
+        il = fit_crossfit_irreducible_losses(lambda: make_mlp(16, 32, 2, depth=1, seed=4),
+                                             lambda out, t: F.cross_entropy(out, t, reduction="none"), (x, y),
+                                             folds=2, steps=200, lr=1e-2, batch_size=64, seed=5)
+        ctx.set_irreducible_losses(il.losses)
     model = ctx.prepare_model(make_mlp(16, 64, 2, depth=1, seed=3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
     drawn, sizes, weights_seen = [], [], []

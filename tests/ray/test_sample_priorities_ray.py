@@ -1,5 +1,6 @@
 """Sample priorities through real Ray Train workers with unequal batch sizes: samples with high
-loss are drawn more often, weights arrive with the plan, and the table survives a checkpoint."""
+loss are drawn more often, weights arrive with the plan, and the table survives a checkpoint; under
+rho-loss, the irreducible losses the loop sends leave the mislabelled samples."""
 
 import json
 import os
@@ -20,29 +21,55 @@ from loops import sampling_loop
 N, HARD = 2000, 100  # 5% of the samples are mislabelled
 
 
-@pytest.fixture(scope="module")
-def run(ray_local, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sampling")
+def _fit(tmp, mode: str, epochs: int):
     # sleep-emulated compute (0.2 ms/sample / speed): the MLP's own sub-millisecond compute is noise on a
     # loaded machine, and a noise gate that keeps the uniform split is right to (a flake seen under load)
     config = PDMLConfig(decision_interval=3, node_priority=NodePriorityConfig(global_batch_size=200, emulated_speeds=[1.0, 0.5],
                                                          emulated_per_sample_s=2e-4, warmup_steps=1),
-                        sample_priority=SamplePriorityConfig(exponent=1.0, uniform_mix=0.1),
-                        scheduler_name="sampling-test")
-    result = PDMLTrainer(sampling_loop, train_loop_config={"num_samples": N, "hard": HARD, "epochs": 6,
-                                                           "out": str(tmp / "rank"), "checkpoint_dir": str(tmp)},
+                        sample_priority=SamplePriorityConfig(mode=mode, exponent=1.0, uniform_mix=0.1),
+                        scheduler_name=f"sampling-test-{mode}")
+    result = PDMLTrainer(sampling_loop, train_loop_config={"num_samples": N, "hard": HARD, "epochs": epochs,
+                                                           "rho": mode == "rho-loss", "out": str(tmp / "rank"),
+                                                           "checkpoint_dir": str(tmp)},
                          scaling_config=ray.train.ScalingConfig(num_workers=2),
-                         run_config=ray.train.RunConfig(name="sampling-test", storage_path=str(tmp)),
+                         run_config=ray.train.RunConfig(name=f"sampling-test-{mode}", storage_path=str(tmp)),
                          pdml_config=config).fit()
     ranks = [json.loads((tmp / f"rank.{r}").read_text()) for r in range(2)]
     return result, ranks, tmp, config
 
 
+def _late_hard_fraction(ranks) -> float:
+    late = [i for r in ranks for step in r["drawn"][30:] for i in step]  # once the table has filled
+    return float(np.mean(np.asarray(late) < HARD))
+
+
+@pytest.fixture(scope="module")
+def run(ray_local, tmp_path_factory):
+    return _fit(tmp_path_factory.mktemp("sampling"), "importance", 6)
+
+
+@pytest.fixture(scope="module")
+def rho_run(ray_local, tmp_path_factory):
+    return _fit(tmp_path_factory.mktemp("sampling_rho"), "rho-loss", 4)
+
+
 def test_high_loss_samples_are_drawn_more_often(run):
     _, ranks, _, _ = run
-    late = [i for r in ranks for step in r["drawn"][30:] for i in step]  # once the table has filled
-    hard_fraction = np.mean(np.asarray(late) < HARD)
+    hard_fraction = _late_hard_fraction(ranks)
     assert hard_fraction > 2 * HARD / N, hard_fraction  # uniform sampling would give 0.05
+
+
+def test_rho_loss_with_irreducible_losses_from_the_loop_leaves_the_mislabelled_samples(run, rho_run):
+    """The loop cross-fits the irreducible-loss models and sends their losses (ctx.set_irreducible_losses):
+    the scheduler's table ranks by the reducible loss, so the mislabelled samples that loss priority
+    chases are drawn less than uniform draws would; the checkpoint keeps the losses."""
+    _, ranks, tmp, config = rho_run
+    assert _late_hard_fraction(ranks) < HARD / N < _late_hard_fraction(run[1]), (_late_hard_fraction(ranks),
+                                                                                _late_hard_fraction(run[1]))
+    restored = Scheduler(config, 2)
+    restored.load_state_dict(read_state(os.path.join(tmp, SCHEDULER_STATE_FILE))["state"])
+    il = restored.derivers["sample"].table.irreducible
+    assert il[:HARD].mean() > 3 * il[HARD:].mean()  # the models got the mislabelled samples wrong too
 
 
 def test_workers_had_different_batch_sizes_and_weights(run):

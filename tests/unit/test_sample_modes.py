@@ -149,3 +149,85 @@ def test_the_logit_gradient_proxy_sees_no_gain_where_losses_differ_but_gradients
     assert by_grad.switch.skipped_probes == 1
     with pytest.raises(ConfigError, match="gain_proxy"):
         SamplePriorityConfig(gain_proxy="norm")
+
+
+def test_the_scheduler_takes_irreducible_losses_as_a_sample_observation_before_or_after_the_data_set():
+    from pdml_ray.config import NodePriorityConfig, PDMLConfig
+    from pdml_ray.decisions import Boundary, WorkerReport
+    from pdml_ray.replay import recorded, replay
+    from pdml_ray.scheduler import Scheduler
+
+    n = 200
+    irreducible = np.zeros(n)
+    irreducible[:20] = 3.0  # mislabelled: the irreducible-loss model gets them wrong as well
+
+    def run(send_first: bool | None, mode: str = "rho-loss") -> Scheduler:
+        config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=64),
+                            sample_priority=SamplePriorityConfig(mode=mode, uniform_mix=0.0), replay_log=1_000)
+        s = Scheduler(config, 1)
+        if send_first:
+            assert s.observe("sample", 0, [("irreducible", irreducible)])
+        s.set_dataset_size(n)
+        if send_first is False:
+            assert s.observe("sample", 0, [("irreducible", irreducible)])
+        losses = np.full(n, 0.5)
+        losses[:20] = 3.1  # the highest plain loss, almost all of it irreducible
+        s.report([WorkerReport(worker_id=0, step=0, samples=n, compute_s=0.1, sample_indices=np.arange(n),
+                               sample_losses=losses.astype(np.float32))])
+        return s
+
+    def noisy_share(s: Scheduler) -> float:
+        plans = s.bundle(Boundary(1, 5, (64,)), {}).decisions["sample"].plans
+        return float(np.mean(np.concatenate([p.indices[0] for p in plans]) < 20))
+
+    for send_first in (True, False):
+        s = run(send_first)
+        np.testing.assert_array_equal(s.derivers["sample"].table.irreducible, irreducible)
+        assert noisy_share(s) < 0.05  # reducible 0.1 against 0.5: 20 * 0.1 / (20 * 0.1 + 180 * 0.5) = 2%
+        replayed = replay(recorded(s))  # the observation is an input of the log like any other
+        assert replayed
+    assert noisy_share(run(None)) > 0.3  # without them rho-loss ranks by the plain loss: 62 / 152 = 41%
+
+    s = run(False)  # refused whole and counted: another size, a negative loss, another mode
+    assert not s.observe("sample", 1, [("irreducible", np.zeros(n - 1))])
+    assert not s.observe("sample", 1, [("irreducible", np.full(n, -1.0))])
+    assert not s.observe("sample", 1, [np.zeros(n)])
+    np.testing.assert_array_equal(s.derivers["sample"].table.irreducible, irreducible)
+    assert s.stats().rejected_by_kind["axis"] == 3
+    assert not run(None, mode="importance").observe("sample", 0, [("irreducible", irreducible)])
+
+
+def test_a_worker_sends_irreducible_losses_through_its_context_and_wrong_ones_fail_on_the_worker():
+    import torch
+
+    from pdml_ray.client import LocalSchedulerTransport, SchedulerClient
+    from pdml_ray.config import NodePriorityConfig, PDMLConfig
+    from pdml_ray.scheduler import Scheduler
+    from pdml_ray.train.context import PDMLContext
+
+    n = 256
+
+    def context(mode: str | None) -> tuple[PDMLContext, Scheduler]:
+        config = PDMLConfig(node_priority=NodePriorityConfig(global_batch_size=32),
+                            sample_priority=SamplePriorityConfig(mode=mode) if mode else None)
+        scheduler = Scheduler(config, 1)
+        return PDMLContext(config, 0, 1, torch.device("cpu"), "CPU",
+                           SchedulerClient(LocalSchedulerTransport(scheduler))), scheduler
+
+    ctx, scheduler = context("rho-loss")
+    il = torch.linspace(0.0, 1.0, n)  # a tensor is taken as the model's losses are
+    ctx.set_irreducible_losses(il)    # before the first epoch: the table takes them when it is made
+    next(iter(ctx.epoch(0, n)))
+    np.testing.assert_allclose(scheduler.derivers["sample"].table.irreducible, il.double().numpy())
+    with pytest.raises(ConfigError, match="256 expected, got 255"):
+        ctx.set_irreducible_losses(np.ones(n - 1))
+    with pytest.raises(ConfigError, match="finite"):
+        ctx.set_irreducible_losses(np.full(n, np.nan))
+
+    ctx, _ = context("rho-loss")
+    ctx.set_irreducible_losses(np.ones(n))
+    with pytest.raises(ConfigError, match="256 irreducible losses were set .* data set of 300"):
+        next(iter(ctx.epoch(0, 300)))
+    for mode in ("importance", None):
+        with pytest.raises(ConfigError, match="mode='rho-loss'"):
+            context(mode)[0].set_irreducible_losses(np.ones(n))
