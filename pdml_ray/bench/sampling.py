@@ -23,7 +23,8 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
   scoring forward and the saved backward; ``backprop_fraction`` in its JSON), ``rho_loss`` (draws by loss minus
   an irreducible-loss model's loss; that model is cross-fitted on the training set with class-balanced
   draws, ``pdml_ray.bench.sampling_rho``, and its training and inference time is counted in the arm's
-  wall time from step 0);
+  wall time from step 0), ``rho_loss_uncorrected`` (the same, trained as the RHO-LOSS paper trains: no
+  importance correction, every weight 1);
 - baselines besides uniform: ``focal`` (uniform draws, focal loss with gamma 2: no change to sampling)
   and ``label_balanced`` (below);
 - the priority arms run as the library's default does, without the pay switch; ``--pay-threshold 1``
@@ -43,7 +44,7 @@ Target metric: F1 of the minority (positive) class on a held-out balanced set (2
 labels), evaluated every ``--eval-every`` steps; evaluation time is excluded from time-to-target. The
 final accuracy on that clean split is reported per arm. The headline label-free arm
 (``best_label_free``) is the one of priority, annealed, annealed_beta0 (annealed with
-``is_exponent_start`` 0, its config in the arm's description), selective_backprop and rho_loss with the
+``is_exponent_start`` 0, its config in the arm's description), selective_backprop, rho_loss and rho_loss_uncorrected with the
 fewest median steps to the target (ties by time); the targets that name it say so. Every arm is
 treated alike: a seed where an arm misses the target counts as the whole budget (steps, or that arm's
 training time over the budget) in its medians and ratios, so those are bounds, and the JSON says how
@@ -89,6 +90,9 @@ ARMS: dict[str, str] = {
     "rho_loss": "mode rho-loss: priority by loss minus an irreducible-loss model's loss (two-layer width-64 "
                 "models cross-fitted on the training set's folds, class-balanced draws with the logit adjustment; "
                 "their cost counted)",
+    "rho_loss_uncorrected": "mode rho-loss as the paper trains: the same irreducible-loss models, no importance "
+                            "correction (is_exponent_start = is_exponent_end = 0: every weight 1, biased towards "
+                            "high reducible loss throughout)",
     "focal": "uniform draws, focal loss (gamma 2): a common practitioner fix, no change to sampling",
     "priority_beta1": "(a) loss priority, importance-weight exponent beta = 1 from step 0 (fully unbiased)",
     "priority_no_correction": "(b) loss priority, no importance correction (beta = 0: every weight 1)",
@@ -99,7 +103,7 @@ ARMS: dict[str, str] = {
                         "(--holdout-fraction)",
 }
 ABLATIONS = ("priority_beta1", "priority_no_correction", "rho_loss_holdout")
-MODE_ARMS = ("priority", "annealed", "annealed_beta0", "selective_backprop", "rho_loss")
+MODE_ARMS = ("priority", "annealed", "annealed_beta0", "selective_backprop", "rho_loss", "rho_loss_uncorrected")
 """The label-free arms the headline (``best_label_free``) is chosen among."""
 BASELINES = ("focal", "label_balanced")
 # SamplePriorityConfig fields of each priority arm on top of the benchmark's own (exponent, mix, unseen)
@@ -109,6 +113,7 @@ _PRIORITY_ARMS: dict[str, dict[str, Any]] = {
     "annealed_beta0": {"mode": "annealed", "is_exponent_start": 0.0},
     "selective_backprop": {"mode": "selective-backprop"},
     "rho_loss": {"mode": "rho-loss"},
+    "rho_loss_uncorrected": {"mode": "rho-loss", "is_exponent_start": 0.0, "is_exponent_end": 0.0},
     "rho_loss_holdout": {"mode": "rho-loss"},
     "priority_beta1": {"is_exponent_start": 1.0, "is_exponent_end": 1.0},
     "priority_no_correction": {"is_exponent_start": 0.0, "is_exponent_end": 0.0},
