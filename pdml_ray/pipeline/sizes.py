@@ -102,7 +102,7 @@ class SizeModel:
 
     def load_state_dict(self, state: dict[str, list]) -> None:
         for name in ("gram", "moment", "coef"):
-            value = np.asarray(state[name], dtype=np.float64)
+            value = np.array(state[name], dtype=np.float64)
             if value.shape != getattr(self, name).shape or not np.isfinite(value).all():
                 raise StateError(f"saved size model {name} has shape {value.shape}, this pipeline needs "
                                   f"{getattr(self, name).shape}; load a state saved for the same stages")

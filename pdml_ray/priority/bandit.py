@@ -130,8 +130,8 @@ class WeightBandit:
                                               for a, b in zip(arms, self.arms)):
             raise StateError(f"saved weight bandit has arms {arms}, this run has {self.arms}; resume with the same "
                              "gradient_priority.prior_weights and simplex_resolution")
-        self.counts = np.asarray(state["counts"], dtype=np.float64)
-        self.sums = np.asarray(state["sums"], dtype=np.float64)
-        self.pulls = np.asarray(state["pulls"], dtype=np.int64)
+        self.counts = np.array(state["counts"], dtype=np.float64)
+        self.sums = np.array(state["sums"], dtype=np.float64)
+        self.pulls = np.array(state["pulls"], dtype=np.int64)
         self.scale, self.scale_weight = float(state["scale"]), float(state["scale_weight"])
         self.current, self.resets = int(state["current"]), int(state["resets"])

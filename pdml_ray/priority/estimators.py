@@ -52,12 +52,12 @@ class EMA:
         return {"values": self.values.tolist(), "measured": self.measured.tolist()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        values = np.asarray(state["values"], dtype=np.float64)
+        values = np.array(state["values"], dtype=np.float64)  # its own copy: a state that came through Ray is read-only
         if values.shape != self.values.shape:
             raise ConfigError(f"saved estimates have shape {values.shape}, this run needs {self.values.shape}; "
                               "resume with the same number of workers (stages, samples)")
         self.values = values
-        self.measured = np.asarray(state["measured"], dtype=bool).reshape(values.shape)
+        self.measured = np.array(state["measured"], dtype=bool).reshape(values.shape)
 
 
 def median(x: np.ndarray) -> float:

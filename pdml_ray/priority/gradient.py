@@ -496,6 +496,6 @@ class GradientPriorityDeriver(Deriver):
         self.last_reward = float(state["last_reward"])
         rs = state["ratio_sums"]
         self.ratio_sums = [float(x) for x in rs]
-        self.terms = np.asarray(state["terms"], dtype=np.float64)
+        self.terms = np.array(state["terms"], dtype=np.float64)
         self.current = GradientDecision.from_dict(state["decision"])
         self.data_source, self.node_source = state["sources"]

@@ -69,7 +69,14 @@ def first_step_loop(config):
 
 def sampling_loop(config):
     """Priority-sampled training; a known subset has flipped labels (persistently high loss).
-    Each rank writes the indices it drew and its batch sizes; rank 0 saves the scheduler state."""
+    Each rank writes the indices it drew and its batch sizes; rank 0 saves the scheduler state. With
+    ``rho``, the loop cross-fits the irreducible-loss models and sends their losses; with ``report``,
+    each epoch ends in a Ray Train checkpoint (ctx.report), which a rerun resumes from."""
+    import os
+    import tempfile
+
+    import ray.train
+
     torch.set_num_threads(1)
     ctx = get_context()
     n, hard = config["num_samples"], config["hard"]
@@ -77,16 +84,21 @@ def sampling_loop(config):
     y = y.clone()
     y[:hard] = 1 - y[:hard]  # samples [0, hard) are mislabelled: the model keeps getting them wrong
     if config.get("rho"):  # rho-loss: each half scored by a model trained on the other, as a user's loop does
-        from pdml_ray.train.irreducible import fit_crossfit_irreducible_losses
+        from pdml_ray.train import fit_crossfit_irreducible_losses
 
         il = fit_crossfit_irreducible_losses(lambda: make_mlp(16, 32, 2, depth=1, seed=4),
                                              lambda out, t: F.cross_entropy(out, t, reduction="none"), (x, y),
                                              folds=2, steps=200, lr=1e-2, batch_size=64, seed=5)
         ctx.set_irreducible_losses(il.losses)
-    model = ctx.prepare_model(make_mlp(16, 64, 2, depth=1, seed=3))
+    model = make_mlp(16, 64, 2, depth=1, seed=3)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            model.load_state_dict(torch.load(os.path.join(d, "model.pt")))
+    model = ctx.prepare_model(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
-    drawn, sizes, weights_seen = [], [], []
-    for epoch in range(config["epochs"]):
+    drawn, sizes, weights_seen, first_step = [], [], [], ctx.global_step
+    for epoch in range(ctx.start_epoch, config["epochs"]):
         for batch in ctx.epoch(epoch, n):
             idx = torch.as_tensor(batch.indices)
             with ctx.step(batch) as step:
@@ -96,9 +108,14 @@ def sampling_loop(config):
             drawn.append(batch.indices.tolist())
             sizes.append(list(ctx.decision.batch_sizes))
             weights_seen.append(float(batch.sample_weights.min()) if batch.sample_weights is not None else None)
+        if config.get("report"):
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(model.module.state_dict(), os.path.join(d, "model.pt"))
+                ctx.report({"epoch": epoch}, checkpoint=ray.train.Checkpoint.from_directory(d) if ctx.rank == 0 else None)
     saved = ctx.save_scheduler_state(config["checkpoint_dir"])
     with open(f"{config['out']}.{ctx.rank}", "w") as f:
-        json.dump({"drawn": drawn, "sizes": sizes, "weights_min": weights_seen, "saved": saved}, f)
+        json.dump({"drawn": drawn, "sizes": sizes, "weights_min": weights_seen, "saved": saved,
+                   "first_step": first_step}, f)
 
 
 def wrapped_loop(config):

@@ -28,8 +28,9 @@ def _fit(tmp, mode: str, epochs: int):
                                                          emulated_per_sample_s=2e-4, warmup_steps=1),
                         sample_priority=SamplePriorityConfig(mode=mode, exponent=1.0, uniform_mix=0.1),
                         scheduler_name=f"sampling-test-{mode}")
+    rho = mode == "rho-loss"
     result = PDMLTrainer(sampling_loop, train_loop_config={"num_samples": N, "hard": HARD, "epochs": epochs,
-                                                           "rho": mode == "rho-loss", "out": str(tmp / "rank"),
+                                                           "rho": rho, "report": rho, "out": str(tmp / "rank"),
                                                            "checkpoint_dir": str(tmp)},
                          scaling_config=ray.train.ScalingConfig(num_workers=2),
                          run_config=ray.train.RunConfig(name=f"sampling-test-{mode}", storage_path=str(tmp)),
@@ -38,8 +39,8 @@ def _fit(tmp, mode: str, epochs: int):
     return result, ranks, tmp, config
 
 
-def _late_hard_fraction(ranks) -> float:
-    late = [i for r in ranks for step in r["drawn"][30:] for i in step]  # once the table has filled
+def _late_hard_fraction(ranks, skip: int = 30) -> float:
+    late = [i for r in ranks for step in r["drawn"][skip:] for i in step]  # by default once the table has filled
     return float(np.mean(np.asarray(late) < HARD))
 
 
@@ -50,7 +51,11 @@ def run(ray_local, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rho_run(ray_local, tmp_path_factory):
-    return _fit(tmp_path_factory.mktemp("sampling_rho"), "rho-loss", 4)
+    """rho-loss for 3 epochs (10 steps each), a Ray Train checkpoint after each; then the same run to 5
+    epochs, resumed from its run storage: the rerun's ranks write only the steps they ran."""
+    tmp = tmp_path_factory.mktemp("sampling_rho")
+    first = _fit(tmp, "rho-loss", 3)
+    return first, _fit(tmp, "rho-loss", 5)
 
 
 def test_high_loss_samples_are_drawn_more_often(run):
@@ -62,10 +67,15 @@ def test_high_loss_samples_are_drawn_more_often(run):
 def test_rho_loss_with_irreducible_losses_from_the_loop_leaves_the_mislabelled_samples(run, rho_run):
     """The loop cross-fits the irreducible-loss models and sends their losses (ctx.set_irreducible_losses):
     the scheduler's table ranks by the reducible loss, so the mislabelled samples that loss priority
-    chases are drawn less than uniform draws would; the checkpoint keeps the losses."""
-    _, ranks, tmp, config = rho_run
-    assert _late_hard_fraction(ranks) < HARD / N < _late_hard_fraction(run[1]), (_late_hard_fraction(ranks),
-                                                                                _late_hard_fraction(run[1]))
+    chases are drawn less than uniform draws would. A rerun resumes from the Ray Train checkpoint (the
+    table's state reaches the scheduler actor as read-only arrays: this failed before) and goes on
+    leaving them; its checkpoint keeps the losses."""
+    (first, first_ranks, _, _), (rerun, ranks, tmp, config) = rho_run
+    assert first.error is None and rerun.error is None
+    assert [r["first_step"] for r in ranks] == [30, 30] and len(ranks[0]["drawn"]) == 20  # epochs 4 and 5 only
+    priority = _late_hard_fraction(run[1])
+    assert _late_hard_fraction(first_ranks, skip=10) < HARD / N < priority, (_late_hard_fraction(first_ranks, 10), priority)
+    assert _late_hard_fraction(ranks, skip=0) < HARD / N, _late_hard_fraction(ranks, skip=0)
     restored = Scheduler(config, 2)
     restored.load_state_dict(read_state(os.path.join(tmp, SCHEDULER_STATE_FILE))["state"])
     il = restored.derivers["sample"].table.irreducible
