@@ -23,8 +23,7 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
   scoring forward and the saved backward; ``backprop_fraction`` in its JSON), ``rho_loss`` (draws by loss minus
   an irreducible-loss model's loss; that model is cross-fitted on the training set with class-balanced
   draws, ``pdml_ray.bench.sampling_rho``, and its training and inference time is counted in the arm's
-  wall time from step 0), ``rho_loss_uncorrected`` (the same, trained as the RHO-LOSS paper trains: no
-  importance correction, every weight 1);
+  wall time from step 0; the mode's default trains the draws unweighted, as the RHO-LOSS paper does);
 - baselines besides uniform: ``focal`` (uniform draws, focal loss with gamma 2: no change to sampling)
   and ``label_balanced`` (below);
 - the priority arms run as the library's default does, without the pay switch; ``--pay-threshold 1``
@@ -36,7 +35,8 @@ tuned for another. ``--lr`` instead runs every arm at one given rate, without a 
   its time then differs from uniform's by what the table costs;
 - ablations: ``priority_beta1`` (beta held at 1 from step 0: fully unbiased), ``priority_no_correction``
   (beta 0: every weight 1, the sampler's bias left in), ``rho_loss_holdout`` (rho-loss with its first
-  irreducible-loss model: a small one on a 10% holdout, ``--holdout-fraction``) and ``label_balanced`` (what a practitioner who
+  irreducible-loss model: a small one on a 10% holdout, ``--holdout-fraction``), ``rho_loss_corrected``
+  (rho-loss with importance correction, beta 0.4 -> 1, the mode's default until 2026-12-05) and ``label_balanced`` (what a practitioner who
   knows the labels does: each draw picks a class uniformly, then a sample of it uniformly, i.e. the
   minority oversampled to balance, plain mean loss; it uses the labels, the others do not).
 
@@ -44,7 +44,7 @@ Target metric: F1 of the minority (positive) class on a held-out balanced set (2
 labels), evaluated every ``--eval-every`` steps; evaluation time is excluded from time-to-target. The
 final accuracy on that clean split is reported per arm. The headline label-free arm
 (``best_label_free``) is the one of priority, annealed, annealed_beta0 (annealed with
-``is_exponent_start`` 0, its config in the arm's description), selective_backprop, rho_loss and rho_loss_uncorrected with the
+``is_exponent_start`` 0, its config in the arm's description), selective_backprop and rho_loss with the
 fewest median steps to the target (ties by time); the targets that name it say so. Every arm is
 treated alike: a seed where an arm misses the target counts as the whole budget (steps, or that arm's
 training time over the budget) in its medians and ratios, so those are bounds, and the JSON says how
@@ -87,23 +87,23 @@ ARMS: dict[str, str] = {
     "selective_backprop": "mode selective-backprop: uniform draws, each batch scored without gradients, the "
                           "samples at or above the 2/3 percentile of the last 4,096 losses forwarded again and "
                           "backpropagated alone (biased: their mean)",
-    "rho_loss": "mode rho-loss: priority by loss minus an irreducible-loss model's loss (two-layer width-64 "
-                "models cross-fitted on the training set's folds, class-balanced draws with the logit adjustment; "
-                "their cost counted)",
-    "rho_loss_uncorrected": "mode rho-loss as the paper trains: the same irreducible-loss models, no importance "
-                            "correction (is_exponent_start = is_exponent_end = 0: every weight 1, biased towards "
-                            "high reducible loss throughout)",
+    "rho_loss": "mode rho-loss: priority by loss minus an irreducible-loss model's loss, the draws trained "
+                "unweighted as the paper trains (the mode's default exponents 0 -> 0); the irreducible-loss models "
+                "two-layer width-64, cross-fitted on the training set's folds, class-balanced draws with the logit "
+                "adjustment; their cost counted)",
     "focal": "uniform draws, focal loss (gamma 2): a common practitioner fix, no change to sampling",
     "priority_beta1": "(a) loss priority, importance-weight exponent beta = 1 from step 0 (fully unbiased)",
     "priority_no_correction": "(b) loss priority, no importance correction (beta = 0: every weight 1)",
     "label_balanced": "(c) label-aware: classes drawn equally often, uniform within a class (minority "
                       "oversampled to balance), plain mean loss",
+    "rho_loss_corrected": "(e) mode rho-loss with importance correction, beta 0.4 -> 1 over 1,000 steps (the "
+                          "mode's default until 2026-12-05; the same irreducible-loss models)",
     "rho_loss_holdout": "(d) mode rho-loss with the irreducible-loss model it was first measured with: one layer, "
                         "width 64, 100 steps on uniform draws of a holdout carved off the training set "
                         "(--holdout-fraction)",
 }
-ABLATIONS = ("priority_beta1", "priority_no_correction", "rho_loss_holdout")
-MODE_ARMS = ("priority", "annealed", "annealed_beta0", "selective_backprop", "rho_loss", "rho_loss_uncorrected")
+ABLATIONS = ("priority_beta1", "priority_no_correction", "rho_loss_holdout", "rho_loss_corrected")
+MODE_ARMS = ("priority", "annealed", "annealed_beta0", "selective_backprop", "rho_loss")
 """The label-free arms the headline (``best_label_free``) is chosen among."""
 BASELINES = ("focal", "label_balanced")
 # SamplePriorityConfig fields of each priority arm on top of the benchmark's own (exponent, mix, unseen)
@@ -113,7 +113,7 @@ _PRIORITY_ARMS: dict[str, dict[str, Any]] = {
     "annealed_beta0": {"mode": "annealed", "is_exponent_start": 0.0},
     "selective_backprop": {"mode": "selective-backprop"},
     "rho_loss": {"mode": "rho-loss"},
-    "rho_loss_uncorrected": {"mode": "rho-loss", "is_exponent_start": 0.0, "is_exponent_end": 0.0},
+    "rho_loss_corrected": {"mode": "rho-loss", "is_exponent_start": 0.4, "is_exponent_end": 1.0},
     "rho_loss_holdout": {"mode": "rho-loss"},
     "priority_beta1": {"is_exponent_start": 1.0, "is_exponent_end": 1.0},
     "priority_no_correction": {"is_exponent_start": 0.0, "is_exponent_end": 0.0},

@@ -2,7 +2,8 @@
 
 - ``rho_loss``: cross-fitted (``--il-folds``, default 2: each half of the training set scored by a model
   trained on the other half, as RHO-LOSS does without holdout data), class-balanced draws with the
-  logit adjustment, a two-layer width-64 MLP, ``--il-steps`` (500) Adam steps per fold;
+  logit adjustment, a two-layer width-64 MLP, ``--il-steps`` (500) Adam steps per fold; the
+  ``rho_loss_corrected`` ablation uses the same models;
 - ``rho_loss_holdout`` (the ablation): the recipe rho-loss was first measured with, a one-layer
   width-64 MLP trained for 100 steps on uniform draws of a holdout carved off the training set
   (``--holdout-fraction``). On noisy imbalanced data it never learns the rare class (the clean
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from pdml_ray.train.irreducible import (IrreducibleLosses, carve_holdout, fit_crossfit_irreducible_losses,
                                         fit_irreducible_losses)
 
-RHO_ARMS = ("rho_loss", "rho_loss_uncorrected", "rho_loss_holdout")
+RHO_ARMS = ("rho_loss", "rho_loss_corrected", "rho_loss_holdout")
 _HIDDEN = 64             # width of the irreducible-loss models
 _CROSSFIT_LR = 1e-2
 _HOLDOUT_STEPS, _HOLDOUT_LR = 100, 1e-2    # the first recipe's
@@ -38,7 +39,7 @@ def irreducible_losses(name: str, x: torch.Tensor, y: torch.Tensor, args: argpar
     """The irreducible losses of every training sample (x (N, d), y (N,) noisy labels) for rho arm
     ``name``, with their wall seconds."""
     dim = x.shape[1]
-    if name != "rho_loss_holdout":  # rho_loss and rho_loss_uncorrected: the same cross-fitted models
+    if name != "rho_loss_holdout":  # rho_loss and rho_loss_corrected: the same cross-fitted models
         def make() -> torch.nn.Module:
             return torch.nn.Sequential(torch.nn.Linear(dim, _HIDDEN), torch.nn.ReLU(),
                                        torch.nn.Linear(_HIDDEN, _HIDDEN), torch.nn.ReLU(), torch.nn.Linear(_HIDDEN, 1))

@@ -37,14 +37,17 @@ class SamplePriorityConfig:
     """Per-step multiplicative pull of scores not refreshed for a while towards the mean (0 = off)."""
     stale_after: int = 100
     """Steps after which a score counts as stale and starts to decay."""
-    is_exponent_start: float = 0.4
-    """Importance-weight exponent beta at step 0 (annealed linearly to ``is_exponent_end``)."""
+    is_exponent_start: float | None = None
+    """Importance-weight exponent beta at step 0 (annealed to ``is_exponent_end``). None: the mode's,
+    0.4 (rho-loss: 0, ``pdml_ray.priority.sample_modes``)."""
     is_anneal_steps: int = 1000
     """Steps over which beta goes from is_exponent_start to is_exponent_end (0 = is_exponent_end at once)."""
-    is_exponent_end: float = 1.0
-    """Importance-weight exponent beta after annealing. 1.0 (the default) makes the weighted loss an
-    unbiased estimate of the uniform mean loss; below 1 the sampler keeps part of its bias towards
-    high scores for good (0 with is_exponent_start 0: no correction at all, an ablation)."""
+    is_exponent_end: float | None = None
+    """Importance-weight exponent beta after annealing. None: the mode's, 1.0 for importance and
+    annealed (the weighted loss an unbiased estimate of the uniform mean loss), 0 for rho-loss (its
+    draws trained unweighted, as the RHO-LOSS paper trains its selection: measured faster to the target
+    than the corrected form in 5 of 6 noisy settings, BENCHMARKS.md). Below 1 the sampler keeps part of
+    its bias towards high scores for good (0 with is_exponent_start 0: no correction at all)."""
     replacement: bool = True
     """Draw a step's indices with replacement (exactly unbiased); False draws distinct indices."""
     unseen_score: Literal["max", "mean"] = "max"
@@ -95,6 +98,8 @@ class SamplePriorityConfig:
         check_range(self.staleness_decay, "sample_priority.staleness_decay", 0.0, 1.0, open_high=True,
                     hint="per step; 0 = off")
         check_range(self.stale_after, "sample_priority.stale_after", 1, MAX_STEPS, whole=True, hint="steps")
-        check_range(self.is_exponent_start, "sample_priority.is_exponent_start", 0.0, 1.0)
-        check_range(self.is_exponent_end, "sample_priority.is_exponent_end", 0.0, 1.0, hint="1.0 = unbiased")
+        if self.is_exponent_start is not None:
+            check_range(self.is_exponent_start, "sample_priority.is_exponent_start", 0.0, 1.0, hint="None = the mode's")
+        if self.is_exponent_end is not None:
+            check_range(self.is_exponent_end, "sample_priority.is_exponent_end", 0.0, 1.0, hint="1.0 = unbiased")
         check_range(self.is_anneal_steps, "sample_priority.is_anneal_steps", 0, MAX_STEPS, whole=True, hint="steps")

@@ -231,3 +231,27 @@ def test_a_worker_sends_irreducible_losses_through_its_context_and_wrong_ones_fa
     for mode in ("importance", None):
         with pytest.raises(ConfigError, match="mode='rho-loss'"):
             context(mode)[0].set_irreducible_losses(np.ones(n))
+
+
+def test_rho_loss_trains_its_draws_unweighted_by_default_and_the_exponents_set_win():
+    from pdml_ray.priority.sample_modes import exponents
+
+    n = 100
+    losses = np.linspace(0.01, 2.0, n)
+
+    def weights(**cfg) -> np.ndarray:
+        sp = SamplePrioritizer(n, SamplePriorityConfig(uniform_mix=0.0, **cfg), seed=0)
+        if sp.irreducible is not None:
+            sp.set_irreducible_losses(np.arange(n), np.zeros(n))
+        sp.update(np.arange(n), losses, step=0)
+        return np.concatenate(sp.plan(1, [2000]).weights)
+
+    assert exponents(SamplePriorityConfig(mode="rho-loss")) == (0.0, 0.0)
+    assert exponents(SamplePriorityConfig()) == exponents(SamplePriorityConfig(mode="annealed")) == (0.4, 1.0)
+    assert exponents(SamplePriorityConfig(mode="rho-loss", is_exponent_end=1.0)) == (0.0, 1.0)
+    np.testing.assert_array_equal(weights(mode="rho-loss"), 1.0)  # prioritised draws, every weight 1
+    spread = lambda w: w.std() / w.mean()  # noqa: E731 - weights are normalised: their relative spread
+    assert spread(weights(mode="rho-loss", is_exponent_start=1.0, is_exponent_end=1.0)) > 0.3  # corrected where set
+    assert spread(weights()) > 0.15  # importance keeps its correction (beta 0.4 at the start: 0.28)
+    with pytest.raises(ConfigError, match="is_exponent_start"):
+        SamplePriorityConfig(is_exponent_start=1.5)
