@@ -24,7 +24,8 @@ class SamplePriorityConfig:
     documented bias towards high-loss samples for longer); 'selective-backprop': uniform draws, every
     drawn sample forwarded, only the ``backprop_share`` with the highest loss percentile backpropagated
     (biased); 'rho-loss': draw by reducible loss, the loss minus an irreducible-loss model's loss on
-    the sample (``SamplePrioritizer.set_irreducible_losses``; biased towards learnable samples)."""
+    the sample (``PDMLContext.set_irreducible_losses``), trained unweighted as the RHO-LOSS paper trains
+    (biased towards learnable samples; the importance exponents apply where set)."""
     score: Literal["loss", "loss_ema"] = "loss"
     """Per-sample score: the last loss, or an EMA of the losses seen for that sample."""
     score_ema: float = 0.5
