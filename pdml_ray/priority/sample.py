@@ -111,6 +111,7 @@ class SamplePrioritizer(SampleDraws):
         self.switch_rng = np.random.default_rng(seed + 5)     # the pay switch's sample (not the draws' stream)
         # (N,) irreducible loss per sample (rho-loss; 0 where none was given): the score is loss minus it
         self.irreducible = np.zeros(n) if self.rule.reducible else None
+        self._irreducible_mean = 0.0 if self.irreducible is not None else float("nan")  # kept for stats(): O(1)
         # selective-backprop: the cluster's recent losses, whose percentile the plans hand out (not saved:
         # a resumed run refills it from the next reports)
         self.recent_losses = (LossWindow(self.config.percentile_window) if self.config.mode == "selective-backprop"
@@ -193,6 +194,7 @@ class SamplePrioritizer(SampleDraws):
         if problem is not None:
             raise ReportError(f"set_irreducible_losses: {problem}")
         self.irreducible[idx] = il
+        self._irreducible_mean = float(self.irreducible.mean())
 
     def note_step_seconds(self, seconds: float) -> None:
         """A training step's wall time (s), the pay switch's cost reference."""
@@ -425,7 +427,8 @@ class SamplePrioritizer(SampleDraws):
             priority_on=self.rule.prioritised and self.switch.on, switches_off=self.switch.switches_off,
             switches_on=self.switch.switches_on, predicted_gain=self.switch.predicted, cost_factor=self.switch.cost,
             measured_gain=self.switch.gain, probes=self.switch.probes,
-            selection_seconds=self.switch.selection_s, skipped_losses=self.skipped_losses)
+            selection_seconds=self.switch.selection_s, skipped_losses=self.skipped_losses,
+            irreducible_mean=self._irreducible_mean)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -492,6 +495,7 @@ class SamplePrioritizer(SampleDraws):
             self.switch_rng.bit_generator.state = d["switch_rng"]
         if self.irreducible is not None and irreducible is not None:
             self.irreducible[:] = irreducible
+            self._irreducible_mean = float(irreducible.mean())
         self._unseen_list = np.flatnonzero(~self.seen).astype(np.int64)
         self.unseen_count = int(self._unseen_list.size)
         self._score_sum.reset(self.scores)

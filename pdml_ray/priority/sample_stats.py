@@ -61,12 +61,19 @@ class SampleStats:
     """Losses the table did not ask for while the pay switch had priority draws off (outside the
     intervals a probe measures): its plans' samples without ``SamplePlan.feedback`` (any reported
     anyway are skipped). What keeps its cost low while off."""
+    irreducible_mean: float = float("nan")
+    """rho-loss: the mean of the irreducible losses the table holds (0 while none were given: it then ranks
+    by the plain loss); nan in the other modes."""
 
     def summary_lines(self) -> list[str]:
+        rho = ""
+        if not math.isnan(self.irreducible_mean):
+            rho = f", irreducible losses mean {self.irreducible_mean:.3g}"
+            rho += " (none given: ranks by the plain loss)" if self.irreducible_mean == 0 else ""
         return [f"sample priorities ({self.mode}): draws {'by priority' if self.priority_on else 'uniform'}, "
                 f"pay switch off {self.switches_off}x / on {self.switches_on}x (measured gain {self.measured_gain:.3g} "
                 f"over {self.probes} probes), selection {self.selection_seconds:.3g} s, "
-                f"losses skipped while off {self.skipped_losses}",
+                f"losses skipped while off {self.skipped_losses}{rho}",
                 f"sample priorities: normalized ESS {self.normalized_ess:.4g}, seen {self.seen_fraction:.1%}, "
                 f"epoch {self.epoch:.2f}, uniform mix {self.uniform_mix:.3g}, beta {self.beta:.3g}, "
                 f"recalibrations {self.recalibrations} (flat {self.collapsed_flat}, peaked {self.collapsed_peaked}, "
@@ -100,6 +107,9 @@ class SampleStats:
         if math.isfinite(self.measured_gain):
             out.append(GaugeValue("pdml_sample_measured_gain_ratio", "priority draws' measured loss drop per second "
                                   "over uniform draws' (the pay switch's last verdict)", self.measured_gain))
+        if not math.isnan(self.irreducible_mean):
+            out.append(GaugeValue("pdml_sample_irreducible_loss_mean", "rho-loss: mean irreducible loss the sample "
+                                  "table holds (0: none given)", self.irreducible_mean))
         if not math.isnan(self.normalized_ess):
             out.append(GaugeValue("pdml_sample_normalized_ess_ratio", "normalised effective sample size of the "
                                   "sample priorities (0-1)", self.normalized_ess))

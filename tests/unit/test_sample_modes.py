@@ -183,10 +183,15 @@ def test_the_scheduler_takes_irreducible_losses_as_a_sample_observation_before_o
     for send_first in (True, False):
         s = run(send_first)
         np.testing.assert_array_equal(s.derivers["sample"].table.irreducible, irreducible)
+        stats = s.derivers["sample"].stats()  # what pdml-ray status and the dashboard show
+        assert "irreducible losses mean 0.3" in stats.summary_lines()[0]
+        assert {g.name: g.value for g in stats.gauges()}["pdml_sample_irreducible_loss_mean"] == pytest.approx(0.3)
         assert noisy_share(s) < 0.05  # reducible 0.1 against 0.5: 20 * 0.1 / (20 * 0.1 + 180 * 0.5) = 2%
         replayed = replay(recorded(s))  # the observation is an input of the log like any other
         assert replayed
-    assert noisy_share(run(None)) > 0.3  # without them rho-loss ranks by the plain loss: 62 / 152 = 41%
+    plain = run(None)
+    assert noisy_share(plain) > 0.3  # without them rho-loss ranks by the plain loss: 62 / 152 = 41%
+    assert "none given" in plain.derivers["sample"].stats().summary_lines()[0]
 
     s = run(False)  # refused whole and counted: another size, a negative loss, another mode
     assert not s.observe("sample", 1, [("irreducible", np.zeros(n - 1))])
