@@ -58,7 +58,7 @@ def test_benchmark_quick_run_writes_its_figures(name, tmp_path, request):
     assert result["machine"]["cores"] >= 1 and result["emulated"]
     if name == "sampling":
         assert set(result["ablations"]) == {"priority_beta1", "priority_no_correction", "rho_loss_holdout",
-                                            "label_balanced", "focal"}
+                                            "rho_loss_corrected", "label_balanced", "focal"}
         assert {"annealed", "selective_backprop", "rho_loss"} <= set(result["arms"]) and result["best_label_free"]
         assert all({"steps_to_target", "time_to_target_s", "step_ratio", "time_ratio", "reached"} <= set(a)
                    for a in result["ablations"].values())
