@@ -184,12 +184,14 @@ class SchedulerClient:
                 log.warning("scheduler restarting (%s); %s is sent again", e, method)
                 time.sleep(0.5)
 
-    def _startup_call(self, method: str, *args: Any) -> None:
-        """Start-up only (blocking); without a scheduler it is skipped and training keeps uniform shares."""
+    def _startup_call(self, method: str, *args: Any) -> Any:
+        """Start-up only (blocking): what the call returned; without a scheduler it is skipped (None) and
+        training keeps uniform shares."""
         try:
-            self.call(method, *args, timeout_s=60.0)
+            return self.call(method, *args, timeout_s=60.0)
         except SchedulerUnavailableError as e:
             log.warning("%s skipped: %s", method, e)
+            return None
 
     def register(self, worker_id: int, accelerator_type: str) -> None:
         """Tell the scheduler this worker's accelerator type (start-up, blocking)."""
@@ -202,12 +204,7 @@ class SchedulerClient:
         """rho-loss: every sample's irreducible loss to the sample axis (start-up, blocking; an observation,
         so a replay log keeps it). ReportError where the scheduler refuses them (``pdml-ray status`` shows
         why); without a scheduler they are skipped, as every start-up call is."""
-        try:
-            taken = self.call("observe", "sample", step, [("irreducible", losses)], timeout_s=60.0)
-        except SchedulerUnavailableError as e:
-            log.warning("set_irreducible_losses skipped: %s", e)
-            return
-        if not taken:
+        if self._startup_call("observe", "sample", step, [("irreducible", losses)]) is False:
             raise ReportError("the scheduler refused the irreducible losses; `pdml-ray status` shows why")
 
     def set_shape(self, axis: str, shape: Mapping[str, Any]) -> None:

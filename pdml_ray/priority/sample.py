@@ -477,7 +477,7 @@ class SamplePrioritizer(SampleDraws):
         if not (math.isfinite(max_score) and 0.0 <= max_score <= self.max_loss):
             raise StateError(f"checkpoint's max_score {max_score!r} must be finite and in [0, {self.max_loss:.4g}]; "
                              "resume from a state written by SamplePrioritizer.state_dict()")
-        self._scores.load_state_dict({"values": d["scores"], "measured": d["seen"]})
+        self._scores.load_state_dict({"values": scores, "measured": seen})  # the arrays checked above
         self.scores[~self.seen] = 0.0  # as in a fresh table: the running sum of squares relies on it
         self.last_step = np.array(d["last_step"], dtype=np.int64)
         self.max_score, self.recal_mix, self.recal_until = max_score, float(d["recal_mix"]), int(d["recal_until"])

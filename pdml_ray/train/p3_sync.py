@@ -268,6 +268,11 @@ class P3AllReduce(GradientCombiner):
             self._adopt(decision)
         self._reset_step()
 
+    def combined_nonfinite(self) -> bool:
+        """False: P3 holds the gradients itself and applies them per layer as their slices arrive, so the
+        step's end has no combined gradient to check (the guard's flags still exclude a rank's NaN loss)."""
+        return False
+
     def compute_end(self) -> float | None:
         """When backward's compute ended; also issues what backward left (see ``end_backward``)."""
         self.end_backward()

@@ -423,8 +423,7 @@ class StepScope:
             return None
         self._checked = True
         n = ctx.world_size
-        # P3 holds the gradients itself (already applied per layer); DDP's hook knows from the norms
-        overflow = combiner.combined_nonfinite() if combiner.name != "p3" else False
+        overflow = combiner.combined_nonfinite()  # DDP's hook knows from the norms; P3 has nothing to check
         if overflow is None:  # FSDP2: check the gradients, read with the flags (one wait for the device)
             found = grads_nonfinite(ctx._params, combiner.name == "fsdp", flags.device)
             flags = torch.cat([flags, found.to(flags.dtype)])
