@@ -60,7 +60,7 @@ from pdml_ray.priority.continuity import (ContinuityMonitor, ContinuityVerdict, 
                                           recalibrate_priorities)
 from pdml_ray.priority.estimators import EMA, median
 from pdml_ray.priority.sample_draws import SampleDraws
-from pdml_ray.priority.sample_modes import mode_rule
+from pdml_ray.priority.sample_modes import irreducible_problem, mode_rule
 from pdml_ray.priority.sample_stats import SampleStats
 from pdml_ray.priority.sample_switch import PaySwitch
 from pdml_ray.priority.selective_backprop import LossWindow
@@ -78,23 +78,6 @@ _SCALE_MIN_SEEN = 64
 _MAX_MASS = 1e300
 """Largest total sampling mass (sum of s^alpha, and sum of scores) the table lets in: below float64's
 overflow with room for the unseen group's mass, so no sum the sampler or a checkpoint holds is inf."""
-
-
-def irreducible_problem(losses: Any, num_samples: int | None = None) -> str | None:
-    """Why ``losses`` cannot be a table's irreducible losses, or None: a 1-D array of finite numbers >= 0
-    (per-sample losses of the irreducible-loss model), one per sample where ``num_samples`` is given.
-    The one check of the table, the scheduler's sample axis and ``PDMLContext.set_irreducible_losses``."""
-    try:
-        il = np.asarray(losses, dtype=np.float64)
-    except (TypeError, ValueError):
-        return f"irreducible losses must be numbers, got {type(losses).__name__}"
-    if il.ndim != 1:
-        return f"irreducible losses must be one loss per sample, a 1-D array; got shape {il.shape}"
-    if num_samples is not None and il.size != num_samples:
-        return f"one irreducible loss per sample of the data set: {num_samples} expected, got {il.size}"
-    if not (np.all(np.isfinite(il)) and (il.size == 0 or il.min() >= 0.0)):
-        return "irreducible losses must be finite and >= 0 (per-sample losses of the irreducible-loss model)"
-    return None
 
 
 class SamplePrioritizer(SampleDraws):

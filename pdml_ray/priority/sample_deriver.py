@@ -25,8 +25,8 @@ import numpy as np
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, Decision, NodeDecision, Rejection, SampleDecision, WorkerReport
 from pdml_ray.priority.base import Deriver
-from pdml_ray.priority.sample import SamplePrioritizer, irreducible_problem
-from pdml_ray.priority.sample_modes import mode_rule
+from pdml_ray.priority.sample import SamplePrioritizer
+from pdml_ray.priority.sample_modes import irreducible_problem, mode_rule
 from pdml_ray.priority.sample_stats import SampleStats
 
 log = logging.getLogger(__name__)

@@ -15,14 +15,17 @@ A mode decides three things, nothing else:
 | selective-backprop | uniform | loss | 1 (weights all 1) | the worker backpropagates its high-loss share |
 | rho-loss | by score | max(loss - irreducible, 0) | 0 (the paper's: unweighted), or linear start -> end where set | towards learnable, high-loss samples |
 
-Selective-backprop's selection itself runs on the worker (``pdml_ray.priority.selective_backprop``),
+rho-loss's irreducible losses are checked by one function here (``irreducible_problem``), wherever
+they enter. Selective-backprop's selection itself runs on the worker (``pdml_ray.priority.selective_backprop``),
 where the losses are; the table still scores every drawn sample (for the switch and ``pdml-ray status``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
+
+import numpy as np
 
 from pdml_ray.config import SamplePriorityConfig
 from pdml_ray.config.sample import SAMPLE_MODES
@@ -90,6 +93,24 @@ MODES: dict[str, ModeRule] = {
                          "unweighted unless is_exponent_start/end are set", exponents=(0.0, 0.0)),
 }
 assert tuple(MODES) == SAMPLE_MODES  # the config's check and this registry name the same modes
+
+
+def irreducible_problem(losses: Any, num_samples: int | None = None) -> str | None:
+    """Why ``losses`` cannot be a table's irreducible losses, or None: a 1-D array of finite numbers >= 0
+    (per-sample losses of the irreducible-loss model), one per sample where ``num_samples`` is given.
+    The one check of the table, the scheduler's sample axis and ``PDMLContext.set_irreducible_losses``
+    (rho-loss's one input besides the losses)."""
+    try:
+        il = np.asarray(losses, dtype=np.float64)
+    except (TypeError, ValueError):
+        return f"irreducible losses must be numbers, got {type(losses).__name__}"
+    if il.ndim != 1:
+        return f"irreducible losses must be one loss per sample, a 1-D array; got shape {il.shape}"
+    if num_samples is not None and il.size != num_samples:
+        return f"one irreducible loss per sample of the data set: {num_samples} expected, got {il.size}"
+    if not (np.all(np.isfinite(il)) and (il.size == 0 or il.min() >= 0.0)):
+        return "irreducible losses must be finite and >= 0 (per-sample losses of the irreducible-loss model)"
+    return None
 
 
 def mode_rule(name: str) -> ModeRule:

@@ -36,7 +36,7 @@ from pdml_ray.client import SchedulerClient
 from pdml_ray.config import PDMLConfig
 from pdml_ray.decisions import Boundary, NodeDecision, SampleDecision, SamplePlan, StepBundle, WorkerReport
 from pdml_ray.errors import ConfigError, UsageError
-from pdml_ray.priority.sample import irreducible_problem
+from pdml_ray.priority.sample_modes import irreducible_problem
 from pdml_ray.priority.selective_backprop import BackpropSelector
 from pdml_ray.state_format import check_decision
 from pdml_ray.train.boundary_reports import BoundaryReports
